@@ -1,0 +1,41 @@
+//! Command line (clap). Every option can also be set from the environment.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kubecast",
+    version,
+    about = "Turns Kubernetes changes into CloudEvents on Kafka, NATS, stdout or a file"
+)]
+pub struct Cli {
+    /// Log format on standard error.
+    #[arg(long, env = "KUBECAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: watch the configured resources and publish their changes.
+    Run {
+        /// TOML config file; without it the embedded defaults are used.
+        #[arg(long, short, env = "KUBECAST_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Validate the configuration without connecting to anything.
+    CheckConfig {
+        /// TOML config file; without it the embedded defaults are checked.
+        #[arg(long, short, env = "KUBECAST_CONFIG")]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}

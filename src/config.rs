@@ -1,0 +1,504 @@
+//! Configuration: the TOML file (or the embedded defaults), then `KUBECAST_`-prefixed
+//! environment overrides with `__` as the nesting separator, then semantic validation.
+//!
+//! Every error names the key it is about and says how to fix it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::selector;
+
+/// The configuration used when `--config` is not given (also the demo's).
+pub const EMBEDDED_DEFAULTS: &str = include_str!("../config/default.toml");
+
+/// Environment variables with this prefix and a `__` in the rest of their name override keys
+/// of the file: `KUBECAST_SINK__PATH=x` sets `sink.path`.
+pub const ENV_PREFIX: &str = "KUBECAST_";
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    #[serde(default)]
+    pub sink: SinkConfig,
+    #[serde(default)]
+    pub resources: Vec<ResourceConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Goes into every CloudEvent's `source`.
+    #[serde(default = "default_cluster_name")]
+    pub name: String,
+    /// Path of a kubeconfig; default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            name: default_cluster_name(),
+            kubeconfig: None,
+        }
+    }
+}
+
+fn default_cluster_name() -> String {
+    "local".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointConfig {
+    #[serde(default = "default_checkpoint_dir")]
+    pub dir: PathBuf,
+}
+
+impl Default for CheckpointConfig {
+    fn default() -> Self {
+        Self {
+            dir: default_checkpoint_dir(),
+        }
+    }
+}
+
+fn default_checkpoint_dir() -> PathBuf {
+    PathBuf::from("./kubecast-state")
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SinkType {
+    #[default]
+    Stdout,
+    File,
+    Kafka,
+    Nats,
+}
+
+impl fmt::Display for SinkType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SinkType::Stdout => "stdout",
+            SinkType::File => "file",
+            SinkType::Kafka => "kafka",
+            SinkType::Nats => "nats",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    #[serde(rename = "type", default)]
+    pub kind: SinkType,
+    /// For `type = "file"`: the JSON-lines file events are appended to.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+}
+
+/// A change verb as configured in `events` and used in CloudEvent types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl Verb {
+    pub const ALL: [Verb; 3] = [Verb::Added, Verb::Modified, Verb::Deleted];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Added => "added",
+            Verb::Modified => "modified",
+            Verb::Deleted => "deleted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    /// `"group/version"`, or `"v1"` for the core group.
+    pub api_version: String,
+    /// Any kind the server serves, CRDs included.
+    pub kind: String,
+    /// Empty: all namespaces (one cluster-wide watch). Otherwise one watch per namespace.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    #[serde(default)]
+    pub label_selector: String,
+    #[serde(default)]
+    pub field_selector: String,
+    #[serde(default = "all_verbs")]
+    pub events: Vec<Verb>,
+}
+
+fn all_verbs() -> Vec<Verb> {
+    Verb::ALL.to_vec()
+}
+
+impl ResourceConfig {
+    /// `(group, version)`; the core group is `""`.
+    pub fn group_version(&self) -> (&str, &str) {
+        match self.api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", self.api_version.as_str()),
+        }
+    }
+
+    pub fn wants(&self, verb: Verb) -> bool {
+        self.events.contains(&verb)
+    }
+
+    /// Short human description, e.g. `apps/v1 Deployment`.
+    pub fn describe(&self) -> String {
+        format!("{} {}", self.api_version, self.kind)
+    }
+}
+
+/// One problem with a key of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted key, e.g. `resources[1].label_selector`.
+    pub key: String,
+    pub message: String,
+    pub fix: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`: {} (fix: {})", self.key, self.message, self.fix)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "config file {path} cannot be read: {cause} (fix: pass an existing, readable file to --config / KUBECAST_CONFIG, or omit it to use the embedded defaults)"
+    )]
+    Unreadable {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("config{origin}: {problem}")]
+    Parse { origin: String, problem: Problem },
+    #[error("invalid config{origin}:\n{}", .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        origin: String,
+        problems: Vec<Problem>,
+    },
+}
+
+impl Config {
+    /// Loads the file at `path` (or the embedded defaults when `None`), applies environment
+    /// overrides and validates the result.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let (figment, origin) = match path {
+            Some(p) => {
+                // figment treats a missing file as empty: refuse that explicitly.
+                std::fs::read(p).map_err(|cause| ConfigError::Unreadable {
+                    path: p.to_path_buf(),
+                    cause,
+                })?;
+                (
+                    Figment::from(Toml::file_exact(p)),
+                    format!(" {}", p.display()),
+                )
+            }
+            None => (
+                Figment::from(Toml::string(EMBEDDED_DEFAULTS)),
+                " (embedded defaults)".to_string(),
+            ),
+        };
+        let figment = figment.merge(env_overrides());
+        let config: Config = figment.extract().map_err(|e| ConfigError::Parse {
+            origin: origin.clone(),
+            problem: problem_of(&e),
+        })?;
+        let problems = config.problems();
+        if problems.is_empty() {
+            Ok(config)
+        } else {
+            Err(ConfigError::Invalid { origin, problems })
+        }
+    }
+
+    /// Semantic checks serde cannot express. Empty when the config is valid.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut push = |key: String, message: String, fix: &str| {
+            out.push(Problem {
+                key,
+                message,
+                fix: fix.into(),
+            })
+        };
+
+        if !is_dns_label(&self.cluster.name) {
+            push(
+                "cluster.name".into(),
+                format!(
+                    "{:?} is not a valid cluster name (it goes into every CloudEvent source URI)",
+                    self.cluster.name
+                ),
+                "use lower-case letters, digits and '-', at most 63 characters, e.g. \"prod-eu-1\"",
+            );
+        }
+        if self.checkpoint.dir.as_os_str().is_empty() {
+            push(
+                "checkpoint.dir".into(),
+                "must not be empty".into(),
+                "set a directory, e.g. \"./kubecast-state\"",
+            );
+        }
+        match self.sink.kind {
+            SinkType::File
+                if self
+                    .sink
+                    .path
+                    .as_ref()
+                    .is_none_or(|p| p.as_os_str().is_empty()) =>
+            {
+                push(
+                    "sink.path".into(),
+                    "is required when sink.type = \"file\"".into(),
+                    "set sink.path = \"events.jsonl\" (or KUBECAST_SINK__PATH)",
+                )
+            }
+            SinkType::Stdout | SinkType::Kafka | SinkType::Nats if self.sink.path.is_some() => {
+                push(
+                    "sink.path".into(),
+                    format!(
+                        "is only used by sink.type = \"file\", but sink.type = \"{}\"",
+                        self.sink.kind
+                    ),
+                    "remove sink.path, or set sink.type = \"file\"",
+                )
+            }
+            SinkType::Kafka | SinkType::Nats => push(
+                "sink.type".into(),
+                format!(
+                    "\"{}\" is not available in this version yet",
+                    self.sink.kind
+                ),
+                "use \"stdout\" or \"file\"",
+            ),
+            _ => {}
+        }
+        if self.resources.is_empty() {
+            push(
+                "resources".into(),
+                "no [[resources]] entry: nothing would be watched".into(),
+                "add at least one [[resources]] table with api_version and kind",
+            );
+        }
+        for (i, r) in self.resources.iter().enumerate() {
+            let key = |k: &str| format!("resources[{i}].{k}");
+            if !is_api_version(&r.api_version) {
+                push(
+                    key("api_version"),
+                    format!("{:?} is not \"group/version\" or \"v1\"", r.api_version),
+                    "write e.g. \"v1\", \"apps/v1\" or \"example.com/v1alpha1\"",
+                );
+            }
+            if r.kind.trim().is_empty() {
+                push(
+                    key("kind"),
+                    "must not be empty".into(),
+                    "set the Kind name, e.g. \"ConfigMap\"",
+                );
+            } else if !r.kind.chars().all(|c| c.is_ascii_alphanumeric())
+                || !r.kind.starts_with(|c: char| c.is_ascii_uppercase())
+            {
+                push(
+                    key("kind"),
+                    format!("{:?} is not a Kind name", r.kind),
+                    "use the CamelCase Kind as in the object's `kind` field, e.g. \"ConfigMap\", not the plural resource name",
+                );
+            }
+            let mut seen = std::collections::HashSet::new();
+            for (j, ns) in r.namespaces.iter().enumerate() {
+                if !is_dns_label(ns) {
+                    push(
+                        format!("resources[{i}].namespaces[{j}]"),
+                        format!("{ns:?} is not a valid namespace name"),
+                        "use a DNS label (lower-case letters, digits, '-'); an empty list means all namespaces",
+                    );
+                } else if !seen.insert(ns) {
+                    push(
+                        format!("resources[{i}].namespaces[{j}]"),
+                        format!("{ns:?} is listed twice"),
+                        "list each namespace once",
+                    );
+                }
+            }
+            if let Err(e) = selector::validate_label_selector(&r.label_selector) {
+                push(
+                    key("label_selector"),
+                    format!("{:?}: {e}", r.label_selector),
+                    "use Kubernetes label selector syntax, e.g. \"app=web,tier in (a,b),!canary\"",
+                );
+            }
+            if let Err(e) = selector::validate_field_selector(&r.field_selector) {
+                push(
+                    key("field_selector"),
+                    format!("{:?}: {e}", r.field_selector),
+                    "use Kubernetes field selector syntax, e.g. \"metadata.name=foo,status.phase!=Running\"",
+                );
+            }
+            if r.events.is_empty() {
+                push(
+                    key("events"),
+                    "is empty: no event would ever be emitted".into(),
+                    "list some of \"added\", \"modified\", \"deleted\", or remove the key for all three",
+                );
+            }
+        }
+        out
+    }
+
+    /// One-line summary for `check-config`.
+    pub fn summary(&self) -> String {
+        let resources: Vec<String> = self
+            .resources
+            .iter()
+            .map(|r| {
+                let scope = if r.namespaces.is_empty() {
+                    "all namespaces".to_string()
+                } else {
+                    format!("namespaces {}", r.namespaces.join(","))
+                };
+                format!("{} ({scope})", r.describe())
+            })
+            .collect();
+        let sink = match (&self.sink.kind, &self.sink.path) {
+            (SinkType::File, Some(p)) => format!("file {}", p.display()),
+            (k, _) => k.to_string(),
+        };
+        format!(
+            "config OK: cluster {:?}, sink {sink}, {} resource(s): {}",
+            self.cluster.name,
+            self.resources.len(),
+            resources.join("; ")
+        )
+    }
+}
+
+fn env_overrides() -> Env {
+    // Only variables with a `__` are config keys: every key lives in a section, and this keeps
+    // the CLI's own variables (KUBECAST_CONFIG, KUBECAST_LOG_FORMAT, ...) out of the config.
+    Env::prefixed(ENV_PREFIX)
+        .filter(|k| k.as_str().contains("__"))
+        .split("__")
+}
+
+fn problem_of(e: &figment::Error) -> Problem {
+    use figment::error::Kind;
+    let key = if e.path.is_empty() {
+        "(file)".to_string()
+    } else {
+        e.path.join(".")
+    };
+    let (message, fix) = match &e.kind {
+        Kind::UnknownField(field, expected) => (
+            format!("unknown key `{field}`"),
+            if expected.is_empty() {
+                "remove it".to_string()
+            } else {
+                format!("remove it, or use one of: {}", expected.join(", "))
+            },
+        ),
+        Kind::UnknownVariant(v, expected) => (
+            format!("unknown value {v:?}"),
+            format!("use one of: {}", expected.join(", ")),
+        ),
+        Kind::MissingField(f) => (
+            format!("required key `{f}` is missing"),
+            format!("add `{f} = ...`"),
+        ),
+        Kind::InvalidType(actual, expected) => (
+            format!("wrong type: found {actual}, expected {expected}"),
+            format!("write {expected}"),
+        ),
+        Kind::InvalidValue(actual, expected) => (
+            format!("invalid value: found {actual}, expected {expected}"),
+            format!("write {expected}"),
+        ),
+        Kind::DuplicateField(f) => (
+            format!("key `{f}` is given twice"),
+            "keep one of them".into(),
+        ),
+        Kind::Message(m) => (
+            m.clone(),
+            "correct the TOML syntax at the position shown".into(),
+        ),
+        other => (other.to_string(), "correct the value".into()),
+    };
+    let mut message = message;
+    if e.metadata
+        .as_ref()
+        .is_some_and(|md| md.name.contains("environment"))
+    {
+        let var = format!("{ENV_PREFIX}{}", e.path.join("__").to_uppercase());
+        message.push_str(&format!(" (set by the environment variable {var})"));
+    }
+    Problem { key, message, fix }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_api_version(s: &str) -> bool {
+    let version_ok = |v: &str| {
+        !v.is_empty()
+            && v.starts_with('v')
+            && v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+    };
+    match s.split_once('/') {
+        None => version_ok(s),
+        Some((g, v)) => {
+            !g.is_empty() && g.split('.').all(|part| is_dns_label(part)) && version_ok(v)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_defaults_are_valid() {
+        let cfg = Config::load(None).expect("embedded defaults must be valid");
+        assert_eq!(cfg.sink.kind, SinkType::Stdout);
+        assert!(!cfg.resources.is_empty());
+    }
+
+    #[test]
+    fn api_version_forms() {
+        assert!(is_api_version("v1"));
+        assert!(is_api_version("apps/v1"));
+        assert!(is_api_version("example.kubecast.io/v1alpha1"));
+        assert!(!is_api_version("apps"));
+        assert!(!is_api_version("/v1"));
+        assert!(!is_api_version("Apps/v1"));
+    }
+}

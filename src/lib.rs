@@ -1,0 +1,9 @@
+//! kubecast: Kubernetes changes as CloudEvents. See ARCHITECTURE.md for the data flow.
+
+pub mod cli;
+pub mod config;
+pub mod event;
+pub mod pipeline;
+pub mod reflector;
+pub mod selector;
+pub mod sink;

@@ -1,0 +1,72 @@
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use kubecast::cli::{Cli, Command, LogFormat};
+use kubecast::config::Config;
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match real_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kubecast: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::CheckConfig { config } => {
+            let cfg = Config::load(config.as_deref())?;
+            println!("{}", cfg.summary());
+            Ok(())
+        }
+        Command::Run { config } => {
+            let cfg = Config::load(config.as_deref())?;
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            rt.block_on(async move {
+                let shutdown = CancellationToken::new();
+                tokio::spawn(wait_for_signals(shutdown.clone()));
+                kubecast::pipeline::run(cfg, shutdown).await
+            })?;
+            Ok(())
+        }
+    }
+}
+
+/// First SIGINT/SIGTERM: clean shutdown. Second: exit at once.
+async fn wait_for_signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return;
+    };
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::info!("shutdown requested; finishing (a second signal aborts)");
+    shutdown.cancel();
+    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+    tracing::warn!("second signal: aborting");
+    std::process::exit(130);
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
