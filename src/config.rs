@@ -45,10 +45,7 @@ pub struct ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self {
-            name: default_cluster_name(),
-            kubeconfig: None,
-        }
+        Self { name: default_cluster_name(), kubeconfig: None }
     }
 }
 
@@ -65,9 +62,7 @@ pub struct CheckpointConfig {
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self {
-            dir: default_checkpoint_dir(),
-        }
+        Self { dir: default_checkpoint_dir() }
     }
 }
 
@@ -188,17 +183,11 @@ pub enum ConfigError {
     #[error(
         "config file {path} cannot be read: {cause} (fix: pass an existing, readable file to --config / KUBECAST_CONFIG, or omit it to use the embedded defaults)"
     )]
-    Unreadable {
-        path: PathBuf,
-        cause: std::io::Error,
-    },
+    Unreadable { path: PathBuf, cause: std::io::Error },
     #[error("config{origin}: {problem}")]
     Parse { origin: String, problem: Problem },
     #[error("invalid config{origin}:\n{}", .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
-    Invalid {
-        origin: String,
-        problems: Vec<Problem>,
-    },
+    Invalid { origin: String, problems: Vec<Problem> },
 }
 
 impl Config {
@@ -208,43 +197,22 @@ impl Config {
         let (figment, origin) = match path {
             Some(p) => {
                 // figment treats a missing file as empty: refuse that explicitly.
-                std::fs::read(p).map_err(|cause| ConfigError::Unreadable {
-                    path: p.to_path_buf(),
-                    cause,
-                })?;
-                (
-                    Figment::from(Toml::file_exact(p)),
-                    format!(" {}", p.display()),
-                )
+                std::fs::read(p).map_err(|cause| ConfigError::Unreadable { path: p.to_path_buf(), cause })?;
+                (Figment::from(Toml::file_exact(p)), format!(" {}", p.display()))
             }
-            None => (
-                Figment::from(Toml::string(EMBEDDED_DEFAULTS)),
-                " (embedded defaults)".to_string(),
-            ),
+            None => (Figment::from(Toml::string(EMBEDDED_DEFAULTS)), " (embedded defaults)".to_string()),
         };
         let figment = figment.merge(env_overrides());
-        let config: Config = figment.extract().map_err(|e| ConfigError::Parse {
-            origin: origin.clone(),
-            problem: problem_of(&e),
-        })?;
+        let config: Config =
+            figment.extract().map_err(|e| ConfigError::Parse { origin: origin.clone(), problem: problem_of(&e) })?;
         let problems = config.problems();
-        if problems.is_empty() {
-            Ok(config)
-        } else {
-            Err(ConfigError::Invalid { origin, problems })
-        }
+        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid { origin, problems }) }
     }
 
     /// Semantic checks serde cannot express. Empty when the config is valid.
     pub fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
-        let mut push = |key: String, message: String, fix: &str| {
-            out.push(Problem {
-                key,
-                message,
-                fix: fix.into(),
-            })
-        };
+        let mut push = |key: String, message: String, fix: &str| out.push(Problem { key, message, fix: fix.into() });
 
         if !is_dns_label(&self.cluster.name) {
             push(
@@ -257,42 +225,22 @@ impl Config {
             );
         }
         if self.checkpoint.dir.as_os_str().is_empty() {
-            push(
-                "checkpoint.dir".into(),
-                "must not be empty".into(),
-                "set a directory, e.g. \"./kubecast-state\"",
-            );
+            push("checkpoint.dir".into(), "must not be empty".into(), "set a directory, e.g. \"./kubecast-state\"");
         }
         match self.sink.kind {
-            SinkType::File
-                if self
-                    .sink
-                    .path
-                    .as_ref()
-                    .is_none_or(|p| p.as_os_str().is_empty()) =>
-            {
-                push(
-                    "sink.path".into(),
-                    "is required when sink.type = \"file\"".into(),
-                    "set sink.path = \"events.jsonl\" (or KUBECAST_SINK__PATH)",
-                )
-            }
-            SinkType::Stdout | SinkType::Kafka | SinkType::Nats if self.sink.path.is_some() => {
-                push(
-                    "sink.path".into(),
-                    format!(
-                        "is only used by sink.type = \"file\", but sink.type = \"{}\"",
-                        self.sink.kind
-                    ),
-                    "remove sink.path, or set sink.type = \"file\"",
-                )
-            }
+            SinkType::File if self.sink.path.as_ref().is_none_or(|p| p.as_os_str().is_empty()) => push(
+                "sink.path".into(),
+                "is required when sink.type = \"file\"".into(),
+                "set sink.path = \"events.jsonl\" (or KUBECAST_SINK__PATH)",
+            ),
+            SinkType::Stdout | SinkType::Kafka | SinkType::Nats if self.sink.path.is_some() => push(
+                "sink.path".into(),
+                format!("is only used by sink.type = \"file\", but sink.type = \"{}\"", self.sink.kind),
+                "remove sink.path, or set sink.type = \"file\"",
+            ),
             SinkType::Kafka | SinkType::Nats => push(
                 "sink.type".into(),
-                format!(
-                    "\"{}\" is not available in this version yet",
-                    self.sink.kind
-                ),
+                format!("\"{}\" is not available in this version yet", self.sink.kind),
                 "use \"stdout\" or \"file\"",
             ),
             _ => {}
@@ -314,11 +262,7 @@ impl Config {
                 );
             }
             if r.kind.trim().is_empty() {
-                push(
-                    key("kind"),
-                    "must not be empty".into(),
-                    "set the Kind name, e.g. \"ConfigMap\"",
-                );
+                push(key("kind"), "must not be empty".into(), "set the Kind name, e.g. \"ConfigMap\"");
             } else if !r.kind.chars().all(|c| c.is_ascii_alphanumeric())
                 || !r.kind.starts_with(|c: char| c.is_ascii_uppercase())
             {
@@ -399,18 +343,12 @@ impl Config {
 fn env_overrides() -> Env {
     // Only variables with a `__` are config keys: every key lives in a section, and this keeps
     // the CLI's own variables (KUBECAST_CONFIG, KUBECAST_LOG_FORMAT, ...) out of the config.
-    Env::prefixed(ENV_PREFIX)
-        .filter(|k| k.as_str().contains("__"))
-        .split("__")
+    Env::prefixed(ENV_PREFIX).filter(|k| k.as_str().contains("__")).split("__")
 }
 
 fn problem_of(e: &figment::Error) -> Problem {
     use figment::error::Kind;
-    let key = if e.path.is_empty() {
-        "(file)".to_string()
-    } else {
-        e.path.join(".")
-    };
+    let key = if e.path.is_empty() { "(file)".to_string() } else { dotted_key(&e.path) };
     let (message, fix) = match &e.kind {
         Kind::UnknownField(field, expected) => (
             format!("unknown key `{field}`"),
@@ -420,64 +358,59 @@ fn problem_of(e: &figment::Error) -> Problem {
                 format!("remove it, or use one of: {}", expected.join(", "))
             },
         ),
-        Kind::UnknownVariant(v, expected) => (
-            format!("unknown value {v:?}"),
-            format!("use one of: {}", expected.join(", ")),
-        ),
-        Kind::MissingField(f) => (
-            format!("required key `{f}` is missing"),
-            format!("add `{f} = ...`"),
-        ),
-        Kind::InvalidType(actual, expected) => (
-            format!("wrong type: found {actual}, expected {expected}"),
-            format!("write {expected}"),
-        ),
-        Kind::InvalidValue(actual, expected) => (
-            format!("invalid value: found {actual}, expected {expected}"),
-            format!("write {expected}"),
-        ),
-        Kind::DuplicateField(f) => (
-            format!("key `{f}` is given twice"),
-            "keep one of them".into(),
-        ),
-        Kind::Message(m) => (
-            m.clone(),
-            "correct the TOML syntax at the position shown".into(),
-        ),
+        Kind::UnknownVariant(v, expected) => {
+            (format!("unknown value {v:?}"), format!("use one of: {}", expected.join(", ")))
+        }
+        Kind::MissingField(f) => (format!("required key `{f}` is missing"), format!("add `{f} = ...`")),
+        Kind::InvalidType(actual, expected) => {
+            (format!("wrong type: found {actual}, expected {expected}"), format!("write {expected}"))
+        }
+        Kind::InvalidValue(actual, expected) => {
+            (format!("invalid value: found {actual}, expected {expected}"), format!("write {expected}"))
+        }
+        Kind::DuplicateField(f) => (format!("key `{f}` is given twice"), "keep one of them".into()),
+        Kind::Message(m) => (m.clone(), "correct the TOML syntax at the position shown".into()),
         other => (other.to_string(), "correct the value".into()),
     };
     let mut message = message;
-    if e.metadata
-        .as_ref()
-        .is_some_and(|md| md.name.contains("environment"))
-    {
+    if e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
         let var = format!("{ENV_PREFIX}{}", e.path.join("__").to_uppercase());
         message.push_str(&format!(" (set by the environment variable {var})"));
     }
     Problem { key, message, fix }
 }
 
+/// `["resources", "0", "kind"]` -> `resources[0].kind`.
+fn dotted_key(path: &[String]) -> String {
+    let mut key = String::new();
+    for seg in path.iter().flat_map(|s| s.split('.')) {
+        if seg.parse::<usize>().is_ok() {
+            key.push_str(&format!("[{seg}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(seg);
+        }
+    }
+    key
+}
+
 fn is_dns_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
 
 fn is_api_version(s: &str) -> bool {
     let version_ok = |v: &str| {
-        !v.is_empty()
-            && v.starts_with('v')
-            && v.chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        !v.is_empty() && v.starts_with('v') && v.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
     };
     match s.split_once('/') {
         None => version_ok(s),
-        Some((g, v)) => {
-            !g.is_empty() && g.split('.').all(|part| is_dns_label(part)) && version_ok(v)
-        }
+        Some((g, v)) => !g.is_empty() && g.split('.').all(|part| is_dns_label(part)) && version_ok(v),
     }
 }
 

@@ -58,16 +58,9 @@ impl EventSource {
         let source = if ar.group.is_empty() {
             format!("k8s://{cluster}/api/{}/{}", ar.version, ar.plural)
         } else {
-            format!(
-                "k8s://{cluster}/apis/{}/{}/{}",
-                ar.group, ar.version, ar.plural
-            )
+            format!("k8s://{cluster}/apis/{}/{}/{}", ar.group, ar.version, ar.plural)
         };
-        let group = if ar.group.is_empty() {
-            "core"
-        } else {
-            ar.group.as_str()
-        };
+        let group = if ar.group.is_empty() { "core" } else { ar.group.as_str() };
         Self {
             source,
             type_prefix: format!("io.kubecast.{group}.{}.", ar.kind),
@@ -82,35 +75,21 @@ impl EventSource {
 
     /// Builds the CloudEvent for `change`.
     pub fn build(&self, change: Change) -> Result<Event, EventError> {
-        let Change {
-            verb,
-            origin,
-            mut object,
-        } = change;
+        let Change { verb, origin, mut object } = change;
         let meta = &object.metadata;
-        let uid = meta
-            .uid
-            .clone()
-            .filter(|u| !u.is_empty())
-            .ok_or(EventError::MissingField("metadata.uid"))?;
+        let uid = meta.uid.clone().filter(|u| !u.is_empty()).ok_or(EventError::MissingField("metadata.uid"))?;
         let rv = meta
             .resource_version
             .clone()
             .filter(|r| !r.is_empty())
             .ok_or(EventError::MissingField("metadata.resourceVersion"))?;
-        let name = meta
-            .name
-            .clone()
-            .ok_or(EventError::MissingField("metadata.name"))?;
+        let name = meta.name.clone().ok_or(EventError::MissingField("metadata.name"))?;
         let subject = match &meta.namespace {
             Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
             _ => name,
         };
         // List items come without apiVersion/kind; make every payload self-describing.
-        object.types = Some(kube::api::TypeMeta {
-            api_version: self.api_version.clone(),
-            kind: self.kind.clone(),
-        });
+        object.types = Some(kube::api::TypeMeta { api_version: self.api_version.clone(), kind: self.kind.clone() });
         let data = serde_json::to_value(&object).map_err(EventError::Serialize)?;
         EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
@@ -144,21 +123,12 @@ mod tests {
 
     #[test]
     fn contract() {
-        let ar = ApiResource::from_gvk_with_plural(
-            &GroupVersionKind::gvk("apps", "v1", "Deployment"),
-            "deployments",
-        );
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apps", "v1", "Deployment"), "deployments");
         let src = EventSource::new("prod", &ar);
         let mut obj = DynamicObject::new("web", &ar).within("shop");
         obj.metadata.uid = Some("u-1".into());
         obj.metadata.resource_version = Some("42".into());
-        let ev = src
-            .build(Change {
-                verb: Verb::Modified,
-                origin: Origin::Watch,
-                object: obj,
-            })
-            .unwrap();
+        let ev = src.build(Change { verb: Verb::Modified, origin: Origin::Watch, object: obj }).unwrap();
         let json: serde_json::Value = serde_json::to_value(&ev).unwrap();
         assert_eq!(json["id"], "u-1:42:modified");
         assert_eq!(json["source"], "k8s://prod/apis/apps/v1/deployments");

@@ -28,10 +28,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run { config } => {
             let cfg = Config::load(config.as_deref())?;
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-                .context("starting the runtime")?;
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
             rt.block_on(async move {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(wait_for_signals(shutdown.clone()));
@@ -45,10 +43,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
 /// First SIGINT/SIGTERM: clean shutdown. Second: exit at once.
 async fn wait_for_signals(shutdown: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
         tracing::error!("cannot install signal handlers");
         return;
     };
@@ -62,9 +57,7 @@ async fn wait_for_signals(shutdown: CancellationToken) {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

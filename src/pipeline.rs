@@ -33,11 +33,7 @@ pub enum RunError {
     )]
     Client(String),
     #[error("resources[{index}] ({resource}): {message}")]
-    Resource {
-        index: usize,
-        resource: String,
-        message: String,
-    },
+    Resource { index: usize, resource: String, message: String },
     #[error(transparent)]
     Reflector(#[from] ReflectorError),
     #[error("sink: {0}")]
@@ -60,10 +56,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let mut specs = Vec::new();
     for (index, rc) in config.resources.iter().enumerate() {
         let (ar, scope) = resolve(&client, index, rc).await?;
-        resolved.push(Arc::new(Resolved {
-            cfg: rc.clone(),
-            source: EventSource::new(&config.cluster.name, &ar),
-        }));
+        resolved.push(Arc::new(Resolved { cfg: rc.clone(), source: EventSource::new(&config.cluster.name, &ar) }));
         for ns in namespaces_for(index, rc, &scope)? {
             let api: Api<DynamicObject> = match &ns {
                 Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
@@ -131,38 +124,28 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
 async fn make_client(config: &Config) -> Result<Client, RunError> {
     let kcfg = match &config.cluster.kubeconfig {
         Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| {
-                RunError::Client(format!("cluster.kubeconfig {}: {e}", path.display()))
-            })?;
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| RunError::Client(format!("cluster.kubeconfig {}: {e}", path.display())))?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
                 .await
-                .map_err(|e| {
-                    RunError::Client(format!("cluster.kubeconfig {}: {e}", path.display()))
-                })?
+                .map_err(|e| RunError::Client(format!("cluster.kubeconfig {}: {e}", path.display())))?
         }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| RunError::Client(e.to_string()))?,
+        None => kube::Config::infer().await.map_err(|e| RunError::Client(e.to_string()))?,
     };
     Client::try_from(kcfg).map_err(|e| RunError::Client(e.to_string()))
 }
 
-async fn resolve(
-    client: &Client,
-    index: usize,
-    rc: &ResourceConfig,
-) -> Result<(ApiResource, Scope), RunError> {
+async fn resolve(client: &Client, index: usize, rc: &ResourceConfig) -> Result<(ApiResource, Scope), RunError> {
     let (group, version) = rc.group_version();
     let gvk = GroupVersionKind::gvk(group, version, &rc.kind);
     match discovery::pinned_kind(client, &gvk).await {
         Ok((ar, caps)) => {
-            if !caps.supports_operation(discovery::verbs::WATCH)
-                || !caps.supports_operation(discovery::verbs::LIST)
-            {
+            if !caps.supports_operation(discovery::verbs::WATCH) || !caps.supports_operation(discovery::verbs::LIST) {
                 return Err(RunError::Resource {
                     index,
                     resource: rc.describe(),
-                    message: "the server does not allow list and watch on this kind (fix: choose a watchable kind)".into(),
+                    message: "the server does not allow list and watch on this kind (fix: choose a watchable kind)"
+                        .into(),
                 });
             }
             Ok((ar, caps.scope))
@@ -182,21 +165,13 @@ async fn resolve(
                 ),
                 other => format!("discovery failed: {other}"),
             };
-            Err(RunError::Resource {
-                index,
-                resource: rc.describe(),
-                message,
-            })
+            Err(RunError::Resource { index, resource: rc.describe(), message })
         }
     }
 }
 
 /// `None` = one cluster-wide stream.
-fn namespaces_for(
-    index: usize,
-    rc: &ResourceConfig,
-    scope: &Scope,
-) -> Result<Vec<Option<String>>, RunError> {
+fn namespaces_for(index: usize, rc: &ResourceConfig, scope: &Scope) -> Result<Vec<Option<String>>, RunError> {
     if rc.namespaces.is_empty() {
         return Ok(vec![None]);
     }
@@ -204,10 +179,7 @@ fn namespaces_for(
         return Err(RunError::Resource {
             index,
             resource: rc.describe(),
-            message: format!(
-                "namespaces is set, but {} is cluster-scoped (fix: remove namespaces)",
-                rc.kind
-            ),
+            message: format!("namespaces is set, but {} is cluster-scoped (fix: remove namespaces)", rc.kind),
         });
     }
     Ok(rc.namespaces.iter().cloned().map(Some).collect())

@@ -87,14 +87,8 @@ pub enum State {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReflectorError {
-    #[error(
-        "{stream}: forbidden: {message} (fix: grant get/list/watch on {resource} to kubecast's identity)"
-    )]
-    Forbidden {
-        stream: String,
-        resource: String,
-        message: String,
-    },
+    #[error("{stream}: forbidden: {message} (fix: grant get/list/watch on {resource} to kubecast's identity)")]
+    Forbidden { stream: String, resource: String, message: String },
     #[error("{stream}: not found on the server: {message}")]
     NotFound { stream: String, message: String },
 }
@@ -113,9 +107,7 @@ impl Reflector {
         Self {
             spec,
             index: HashMap::new(),
-            state: State::Listing {
-                origin: Origin::Snapshot,
-            },
+            state: State::Listing { origin: Origin::Snapshot },
             synced_once: false,
             backoff: new_backoff(),
         }
@@ -128,12 +120,7 @@ impl Reflector {
         cancel: CancellationToken,
     ) -> Result<(), ReflectorError> {
         loop {
-            let state = std::mem::replace(
-                &mut self.state,
-                State::Listing {
-                    origin: Origin::Resync,
-                },
-            );
+            let state = std::mem::replace(&mut self.state, State::Listing { origin: Origin::Resync });
             let next = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Ok(()),
@@ -177,16 +164,10 @@ impl Reflector {
                     self.fatal_if_permanent(&e)?;
                 }
                 warn!(stream = %self.spec.name, error = %e, "list failed; retrying after backoff");
-                return Ok(Some(State::Backoff {
-                    then: Box::new(State::Listing { origin }),
-                }));
+                return Ok(Some(State::Backoff { then: Box::new(State::Listing { origin }) }));
             }
         };
-        let origin = if self.synced_once {
-            Origin::Resync
-        } else {
-            origin
-        };
+        let origin = if self.synced_once { Origin::Resync } else { origin };
         let mut fresh = HashMap::with_capacity(items.len());
         let mut emitted = 0usize;
         for obj in items {
@@ -202,18 +183,7 @@ impl Reflector {
             fresh.insert(uid, entry);
             if let Some(verb) = verb {
                 emitted += 1;
-                if tx
-                    .send((
-                        self.spec.tag,
-                        Change {
-                            verb,
-                            origin,
-                            object: obj,
-                        },
-                    ))
-                    .await
-                    .is_err()
-                {
+                if tx.send((self.spec.tag, Change { verb, origin, object: obj })).await.is_err() {
                     return Ok(None);
                 }
             }
@@ -228,18 +198,7 @@ impl Reflector {
         for (uid, entry) in gone {
             emitted += 1;
             let object = tombstone(&self.spec.resource, &uid, &entry);
-            if tx
-                .send((
-                    self.spec.tag,
-                    Change {
-                        verb: Verb::Deleted,
-                        origin: Origin::Resync,
-                        object,
-                    },
-                ))
-                .await
-                .is_err()
-            {
+            if tx.send((self.spec.tag, Change { verb: Verb::Deleted, origin: Origin::Resync, object })).await.is_err() {
                 return Ok(None);
             }
         }
@@ -312,9 +271,7 @@ impl Reflector {
             Err(e) if is_gone(&e) => return Ok(Some(self.relist_after_gone(&rv))),
             Err(e) => {
                 warn!(stream = %self.spec.name, error = %e, "watch request failed; re-watching after backoff");
-                return Ok(Some(State::Backoff {
-                    then: Box::new(State::Watching { rv }),
-                }));
+                return Ok(Some(State::Backoff { then: Box::new(State::Watching { rv }) }));
             }
         };
         let mut stream = std::pin::pin!(stream);
@@ -327,9 +284,7 @@ impl Reflector {
                 Ok(Ok(None)) => break,
                 Ok(Err(e)) => {
                     warn!(stream = %self.spec.name, error = %e, "watch stream failed; re-watching after backoff");
-                    return Ok(Some(State::Backoff {
-                        then: Box::new(State::Watching { rv }),
-                    }));
+                    return Ok(Some(State::Backoff { then: Box::new(State::Watching { rv }) }));
                 }
                 Ok(Ok(Some(ev))) => ev,
             };
@@ -342,17 +297,13 @@ impl Reflector {
                     continue;
                 }
                 WatchEvent::Error(status)
-                    if status.code == 410
-                        || status.reason == "Expired"
-                        || status.reason == "Gone" =>
+                    if status.code == 410 || status.reason == "Expired" || status.reason == "Gone" =>
                 {
                     return Ok(Some(self.relist_after_gone(&rv)));
                 }
                 WatchEvent::Error(status) => {
                     warn!(stream = %self.spec.name, code = status.code, reason = %status.reason, message = %status.message, "watch error event; re-watching after backoff");
-                    return Ok(Some(State::Backoff {
-                        then: Box::new(State::Watching { rv }),
-                    }));
+                    return Ok(Some(State::Backoff { then: Box::new(State::Watching { rv }) }));
                 }
             };
             let Some((uid, entry)) = index_entry(&obj.metadata) else {
@@ -368,18 +319,7 @@ impl Reflector {
                     self.index.insert(uid, entry);
                 }
             }
-            if tx
-                .send((
-                    self.spec.tag,
-                    Change {
-                        verb,
-                        origin: Origin::Watch,
-                        object: obj,
-                    },
-                ))
-                .await
-                .is_err()
-            {
+            if tx.send((self.spec.tag, Change { verb, origin: Origin::Watch, object: obj })).await.is_err() {
                 return Ok(None);
             }
         }
@@ -391,9 +331,7 @@ impl Reflector {
 
     fn relist_after_gone(&self, rv: &str) -> State {
         info!(stream = %self.spec.name, resource_version = rv, "resourceVersion expired (410 Gone); relisting and diffing");
-        State::Listing {
-            origin: Origin::Resync,
-        }
+        State::Listing { origin: Origin::Resync }
     }
 
     fn fatal_if_permanent(&self, e: &kube::Error) -> Result<(), ReflectorError> {

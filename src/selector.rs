@@ -23,9 +23,7 @@ pub fn validate_label_selector(s: &str) -> Result<(), String> {
             let inner = rest
                 .strip_prefix('(')
                 .and_then(|r| r.strip_suffix(')'))
-                .ok_or_else(|| {
-                    format!("`{req}`: the values of in/notin must be in parentheses, e.g. (a,b)")
-                })?;
+                .ok_or_else(|| format!("`{req}`: the values of in/notin must be in parentheses, e.g. (a,b)"))?;
             for v in inner.split(',') {
                 check_label_value(v.trim())?;
             }
@@ -85,19 +83,11 @@ pub fn validate_field_selector(s: &str) -> Result<(), String> {
         } else if let Some(i) = unescaped_eq(p) {
             (&p[..i], "=")
         } else {
-            return Err(format!(
-                "`{p}` has no operator: use key=value, key==value or key!=value"
-            ));
+            return Err(format!("`{p}` has no operator: use key=value, key==value or key!=value"));
         };
         let key = key.trim();
-        if key.is_empty()
-            || !key
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/'))
-        {
-            return Err(format!(
-                "`{p}`: {key:?} is not a field path (e.g. metadata.name) before {op}"
-            ));
+        if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/')) {
+            return Err(format!("`{p}`: {key:?} is not a field path (e.g. metadata.name) before {op}"));
         }
     }
     Ok(())
@@ -159,15 +149,12 @@ fn check_label_key(key: &str) -> Result<(), String> {
             && p.len() <= 253
             && p.split('.').all(|l| {
                 !l.is_empty()
-                    && l.chars()
-                        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
                     && !l.starts_with('-')
                     && !l.ends_with('-')
             });
         if !ok {
-            return Err(format!(
-                "label key {key:?}: prefix {p:?} must be a DNS subdomain"
-            ));
+            return Err(format!("label key {key:?}: prefix {p:?} must be a DNS subdomain"));
         }
     }
     if name.is_empty() || !is_label_name(name) {
@@ -190,8 +177,7 @@ fn check_label_value(v: &str) -> Result<(), String> {
 
 fn is_label_name(s: &str) -> bool {
     s.len() <= 63
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && s.starts_with(|c: char| c.is_ascii_alphanumeric())
         && s.ends_with(|c: char| c.is_ascii_alphanumeric())
 }
@@ -218,44 +204,20 @@ mod tests {
         ] {
             assert!(validate_label_selector(ok).is_ok(), "{ok} should be valid");
         }
-        for bad in [
-            "app=web,",
-            "app=(web",
-            "tier in a,b",
-            "-app=x",
-            "app=we b",
-            "Example.com/a=b",
-            "n>x",
-            ",",
-        ] {
-            assert!(
-                validate_label_selector(bad).is_err(),
-                "{bad} should be invalid"
-            );
+        for bad in ["app=web,", "app=(web", "tier in a,b", "-app=x", "app=we b", "Example.com/a=b", "n>x", ","] {
+            assert!(validate_label_selector(bad).is_err(), "{bad} should be invalid");
         }
     }
 
     #[test]
     fn field_selectors() {
-        for ok in [
-            "",
-            "metadata.name=foo",
-            "metadata.namespace!=kube-system,status.phase==Running",
-            "metadata.name=a\\,b",
-        ] {
+        for ok in
+            ["", "metadata.name=foo", "metadata.namespace!=kube-system,status.phase==Running", "metadata.name=a\\,b"]
+        {
             assert!(validate_field_selector(ok).is_ok(), "{ok} should be valid");
         }
-        for bad in [
-            "metadata.name",
-            "=foo",
-            "metadata.name=a,",
-            "a b=c",
-            "x=\\q",
-        ] {
-            assert!(
-                validate_field_selector(bad).is_err(),
-                "{bad} should be invalid"
-            );
+        for bad in ["metadata.name", "=foo", "metadata.name=a,", "a b=c", "x=\\q"] {
+            assert!(validate_field_selector(bad).is_err(), "{bad} should be invalid");
         }
     }
 }

@@ -20,18 +20,12 @@ impl FileSink {
             .append(true)
             .open(&path)
             .await
-            .map_err(|source| SinkError::Open {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(|source| SinkError::Open { path: path.clone(), source })?;
         Ok(Self { path, file })
     }
 
     pub async fn write_line(&mut self, line: &[u8]) -> Result<(), SinkError> {
-        let err = |source| SinkError::Write {
-            target: self.path.display().to_string(),
-            source,
-        };
+        let err = |source| SinkError::Write { target: self.path.display().to_string(), source };
         self.file.write_all(line).await.map_err(err)?;
         self.file.flush().await.map_err(err)
     }

@@ -16,15 +16,9 @@ pub enum SinkError {
     #[error(
         "cannot open sink file {path}: {source} (fix: check sink.path and that its directory exists and is writable)"
     )]
-    Open {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
+    Open { path: std::path::PathBuf, source: std::io::Error },
     #[error("write to {target} failed: {source}")]
-    Write {
-        target: String,
-        source: std::io::Error,
-    },
+    Write { target: String, source: std::io::Error },
     #[error("event cannot be encoded: {0}")]
     Encode(#[from] serde_json::Error),
     #[error("sink type {0} is not available in this version")]

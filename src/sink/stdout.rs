@@ -11,16 +11,11 @@ pub struct StdoutSink {
 
 impl StdoutSink {
     pub fn new() -> Self {
-        Self {
-            out: tokio::io::stdout(),
-        }
+        Self { out: tokio::io::stdout() }
     }
 
     pub async fn write_line(&mut self, line: &[u8]) -> Result<(), SinkError> {
-        let err = |source| SinkError::Write {
-            target: "stdout".into(),
-            source,
-        };
+        let err = |source| SinkError::Write { target: "stdout".into(), source };
         self.out.write_all(line).await.map_err(err)?;
         self.out.flush().await.map_err(err)
     }

@@ -1,0 +1,175 @@
+//! `kubecast check-config`: valid configs pass with a summary, bad ones fail with a message
+//! that names the key and the fix. No server is needed.
+
+use std::process::Command;
+
+fn check(toml: &str, env: &[(&str, &str)]) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubecast.toml");
+    std::fs::write(&path, toml).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubecast"));
+    cmd.args(["check-config", "--config"]).arg(&path);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+const GOOD: &str = r#"
+[cluster]
+name = "demo"
+[sink]
+type = "stdout"
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+"#;
+
+#[test]
+fn a_valid_config_passes_with_a_one_line_summary() {
+    let (ok, out, err) = check(GOOD, &[]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1);
+    assert!(
+        out.starts_with("config OK: cluster \"demo\", sink stdout, 1 resource(s): v1 ConfigMap (all namespaces)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn environment_overrides_use_double_underscores() {
+    let (ok, out, err) = check(
+        GOOD,
+        &[("KUBECAST_SINK__TYPE", "file"), ("KUBECAST_SINK__PATH", "/tmp/x.jsonl"), ("KUBECAST_CLUSTER__NAME", "prod")],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("cluster \"prod\", sink file /tmp/x.jsonl"), "{out}");
+    // The CLI's own variables are not config keys.
+    let (ok, _, err) = check(GOOD, &[("KUBECAST_LOG_FORMAT", "json")]);
+    assert!(ok, "{err}");
+}
+
+#[test]
+fn the_embedded_defaults_are_valid() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubecast"))
+        .arg("check-config")
+        .env_remove("KUBECAST_CONFIG")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("config OK"));
+}
+
+#[test]
+fn a_missing_config_file_is_an_error_not_an_empty_config() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubecast"))
+        .args(["check-config", "--config", "/nonexistent/kubecast.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/kubecast.toml") && err.contains("cannot be read"), "{err}");
+}
+
+/// (what is wrong, config, env, fragments the message must contain)
+const BAD: &[(&str, &str, &[(&str, &str)], &[&str])] = &[
+    ("TOML syntax error", "[cluster\nname = 1", &[], &["line 1", "fix:"]),
+    (
+        "unknown top-level key",
+        "[clusterr]\nname = \"x\"",
+        &[],
+        &["unknown key `clusterr`", "cluster, checkpoint, sink, resources"],
+    ),
+    (
+        "unknown nested key",
+        "[sink]\ntype = \"stdout\"\npaht = \"x\"",
+        &[],
+        &["sink.paht", "unknown key `paht`", "type, path"],
+    ),
+    ("wrong type", "[cluster]\nname = 5", &[], &["cluster.name", "wrong type", "string"]),
+    ("unknown sink type", "[sink]\ntype = \"kafak\"", &[], &["sink.type", "\"kafak\"", "stdout, file, kafka, nats"]),
+    ("file sink without path", "[sink]\ntype = \"file\"", &[], &["sink.path", "is required", "KUBECAST_SINK__PATH"]),
+    (
+        "path on a stdout sink",
+        "[sink]\ntype = \"stdout\"\npath = \"x\"",
+        &[],
+        &["sink.path", "only used by sink.type = \"file\""],
+    ),
+    ("missing kind", "[[resources]]\napi_version = \"v1\"", &[], &["resources[0]", "`kind`", "missing"]),
+    (
+        "empty kind",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"\"",
+        &[],
+        &["resources[0].kind", "must not be empty"],
+    ),
+    (
+        "plural instead of kind",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"configmaps\"",
+        &[],
+        &["resources[0].kind", "CamelCase"],
+    ),
+    (
+        "bad api_version",
+        "[[resources]]\napi_version = \"apps\"\nkind = \"Deployment\"",
+        &[],
+        &["resources[0].api_version", "\"apps/v1\""],
+    ),
+    (
+        "bad label selector",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nlabel_selector = \"app in web\"",
+        &[],
+        &["resources[0].label_selector", "parentheses"],
+    ),
+    (
+        "bad field selector",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nfield_selector = \"status.phase\"",
+        &[],
+        &["resources[0].field_selector", "no operator"],
+    ),
+    (
+        "unknown event verb",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nevents = [\"created\"]",
+        &[],
+        &["resources[0].events[0]", "\"created\"", "added, modified, deleted"],
+    ),
+    (
+        "empty events",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nevents = []",
+        &[],
+        &["resources[0].events", "is empty"],
+    ),
+    (
+        "bad namespace",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nnamespaces = [\"Prod_1\"]",
+        &[],
+        &["resources[0].namespaces[0]", "not a valid namespace"],
+    ),
+    ("no resources", "[cluster]\nname = \"x\"", &[], &["`resources`", "nothing would be watched"]),
+    ("bad cluster name", "[cluster]\nname = \"Prod EU\"", &[], &["cluster.name", "lower-case"]),
+    (
+        "bad env override",
+        "",
+        &[("KUBECAST_SINK__TYPE", "nope")],
+        &["sink.type", "KUBECAST_SINK__TYPE", "stdout, file, kafka, nats"],
+    ),
+];
+
+#[test]
+fn bad_configs_are_rejected_naming_the_key_and_the_fix() {
+    let resource = "\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n";
+    for (what, toml, env, fragments) in BAD {
+        // Add a valid resource where the case is not about resources, so only one thing is wrong.
+        let toml = if toml.contains("[[resources]]") || what.contains("no resources") || what.contains("syntax") {
+            toml.to_string()
+        } else {
+            format!("{toml}\n{resource}")
+        };
+        let (ok, out, err) = check(&toml, env);
+        assert!(!ok, "{what}: accepted, printed {out}");
+        assert!(err.contains("fix"), "{what}: no fix given: {err}");
+        for f in *fragments {
+            assert!(err.contains(f), "{what}: message lacks {f:?}:\n{err}");
+        }
+    }
+}
