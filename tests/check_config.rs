@@ -173,3 +173,23 @@ fn bad_configs_are_rejected_naming_the_key_and_the_fix() {
         }
     }
 }
+
+#[test]
+fn the_example_configs_in_config_dir_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let out = Command::new(env!("CARGO_BIN_EXE_kubecast"))
+                .arg("check-config")
+                .arg("--config")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "config/ has the embedded defaults and the documented example");
+}

@@ -1,0 +1,217 @@
+//! Shared test harness: the real servers started by `tests/env/up` (one environment shared by
+//! every test), a Kubernetes client for them, and a way to run the kubecast binary against
+//! them and read what it emitted.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::Value;
+
+/// Key/value pairs of the env file written by `tests/env/up`.
+pub fn env() -> &'static HashMap<String, String> {
+    static ENV: OnceLock<HashMap<String, String>> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let path = std::env::var("KUBECAST_ENV_FILE").map(PathBuf::from).unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/kubecast-env/env")
+        });
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("test environment file {} is missing ({e}): run the suite with ./tests/run, or start the servers with tests/env/up", path.display())
+        });
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('"').trim_matches('\'').to_string()))
+            .collect()
+    })
+}
+
+pub fn env_var(key: &str) -> String {
+    env()
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("{key} is not in the test environment file: is that server started by tests/env/up?"))
+}
+
+pub fn kubeconfig() -> String {
+    env_var("KUBECONFIG")
+}
+
+/// An admin client for the test apiserver.
+pub async fn client() -> Client {
+    client_for(&kubeconfig()).await
+}
+
+pub async fn client_for(kubeconfig: &str) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
+    Client::try_from(cfg).expect("client")
+}
+
+/// A unique name with a readable prefix.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}-{}-{:x}{}", std::process::id(), nanos & 0xfffff, N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A fresh namespace, deleted (in the background, by the server) when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn new(client: &Client, prefix: &str) -> Self {
+        let name = unique(prefix);
+        let ns: Namespace = serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap();
+        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.expect("create namespace");
+        Self { name, client: client.clone() }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let (client, name) = (self.client.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = Api::<Namespace>::all(client).delete(&name, &DeleteParams::default()).await;
+            });
+        }
+    }
+}
+
+/// A kubecast process with a file sink, reading its output.
+pub struct Kubecast {
+    child: Option<Child>,
+    pub dir: tempfile::TempDir,
+    pub events_path: PathBuf,
+    pub stderr_path: PathBuf,
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_kubecast")
+}
+
+impl Kubecast {
+    /// Starts `kubecast run` with `config` (TOML without a `[sink]` table: the harness adds a
+    /// file sink) and the test apiserver's kubeconfig.
+    pub fn start(config: &str) -> Self {
+        Self::start_with(config, &[])
+    }
+
+    pub fn start_with(config: &str, extra_env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let events_path = dir.path().join("events.jsonl");
+        let stderr_path = dir.path().join("kubecast.log");
+        let full = format!(
+            "{config}\n[sink]\ntype = \"file\"\npath = \"{}\"\n\n[checkpoint]\ndir = \"{}\"\n",
+            events_path.display(),
+            dir.path().join("state").display()
+        );
+        let cfg_path = dir.path().join("kubecast.toml");
+        std::fs::write(&cfg_path, full).unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.args(["run", "--config"]).arg(&cfg_path);
+        cmd.env("KUBECONFIG", kubeconfig()).env("RUST_LOG", "info,kubecast=debug");
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr_path).unwrap())
+            .spawn()
+            .expect("spawn kubecast");
+        Self { child: Some(child), dir, events_path, stderr_path }
+    }
+
+    /// Every event emitted so far, parsed.
+    pub fn events(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.events_path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("sink line is not JSON ({e}): {l}")))
+            .collect()
+    }
+
+    /// Polls until `done(events)` holds, or panics after `timeout` with the log.
+    pub async fn wait_for(&mut self, what: &str, timeout: Duration, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let evs = self.events();
+            if done(&evs) {
+                return evs;
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("kubecast exited ({status}) while waiting for {what}\nlog:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; events so far:\n{}\nlog:\n{}", pretty(&evs), self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGTERM and wait for the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        unsafe_kill(child.id(), "TERM");
+        child.wait().unwrap()
+    }
+
+    /// Waits for the process to exit by itself (bounded), returning its status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child.take();
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("kubecast did not exit within {timeout:?}\nlog:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Kubecast {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn unsafe_kill(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+pub fn pretty(evs: &[Value]) -> String {
+    evs.iter()
+        .map(|e| format!("  {} {} {} origin={}", e["type"], e["subject"], e["id"], e["origin"]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Events whose subject is `subject`.
+pub fn about<'a>(evs: &'a [Value], subject: &str) -> Vec<&'a Value> {
+    evs.iter().filter(|e| e["subject"] == subject).collect()
+}
+
+/// The verb (last segment of `type`) of an event.
+pub fn verb(e: &Value) -> &str {
+    e["type"].as_str().unwrap().rsplit('.').next().unwrap()
+}

@@ -1,0 +1,302 @@
+//! Walking skeleton against the real kube-apiserver from tests/env: the CloudEvent contract,
+//! CRDs, selectors, and clear errors for unknown or forbidden resources.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Kubecast, TestNamespace, about, client, verb};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// After the last expected event, how long we keep looking for unexpected extra events.
+const GRACE: Duration = Duration::from_millis(1500);
+
+async fn create_cm(client: &Client, ns: &str, name: &str, labels: Value, data: Value) -> ConfigMap {
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels}, "data": data
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create configmap")
+}
+
+fn has(evs: &[Value], subject: &str, verb_: &str) -> bool {
+    evs.iter().any(|e| e["subject"] == subject && verb(e) == verb_)
+}
+
+#[tokio::test]
+async fn configmap_create_modify_delete_gives_exactly_three_events_with_the_contract() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "cm").await;
+    let sentinel = create_cm(&client, &ns.name, "sentinel", json!({}), json!({"s": "1"})).await;
+
+    let mut kc = Kubecast::start(&format!(
+        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\n",
+        ns.name
+    ));
+    // The sentinel's snapshot event proves the initial list is done.
+    let snap = kc.wait_for("sentinel snapshot", WAIT, |e| has(e, &format!("{}/sentinel", ns.name), "added")).await;
+    assert_eq!(snap[0]["origin"], "snapshot");
+    assert_eq!(snap[0]["partitionkey"], sentinel.metadata.uid.clone().unwrap().as_str());
+
+    let cms = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let created = create_cm(&client, &ns.name, "demo", json!({"app": "x"}), json!({"a": "1"})).await;
+    let modified =
+        cms.patch("demo", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "2"}}))).await.expect("patch");
+    cms.delete("demo", &DeleteParams::default()).await.expect("delete");
+
+    let subject = format!("{}/demo", ns.name);
+    kc.wait_for("the delete of demo", WAIT, |e| has(e, &subject, "deleted")).await;
+    tokio::time::sleep(GRACE).await;
+    let all = kc.events();
+    let evs = about(&all, &subject);
+    let verbs: Vec<&str> = evs.iter().map(|e| verb(e)).collect();
+    assert_eq!(verbs, ["added", "modified", "deleted"], "exactly three events, in order:\n{}", common::pretty(&all));
+
+    let uid = created.metadata.uid.clone().unwrap();
+    let rvs = [
+        created.metadata.resource_version.clone().unwrap(),
+        modified.metadata.resource_version.clone().unwrap(),
+        evs[2]["data"]["metadata"]["resourceVersion"].as_str().unwrap().to_string(),
+    ];
+    for (i, e) in evs.iter().enumerate() {
+        let v = verbs[i];
+        assert_eq!(e["specversion"], "1.0");
+        assert_eq!(e["id"], format!("{uid}:{}:{v}", rvs[i]).as_str(), "id = uid:resourceVersion:verb");
+        assert_eq!(e["source"], "k8s://e2e/api/v1/configmaps");
+        assert_eq!(e["type"], format!("io.kubecast.core.ConfigMap.{v}").as_str());
+        assert_eq!(e["subject"], subject.as_str());
+        assert_eq!(e["datacontenttype"], "application/json");
+        assert_eq!(e["partitionkey"], uid.as_str());
+        assert_eq!(e["resourceversion"], rvs[i].as_str());
+        assert_eq!(e["origin"], "watch");
+        chrono::DateTime::parse_from_rfc3339(e["time"].as_str().expect("time")).expect("time is RFC 3339");
+        assert_eq!(e["data"]["kind"], "ConfigMap");
+        assert_eq!(e["data"]["apiVersion"], "v1");
+        assert_eq!(e["data"]["metadata"]["uid"], uid.as_str());
+        assert_eq!(e["data"]["metadata"]["resourceVersion"], rvs[i].as_str());
+    }
+    assert_eq!(evs[0]["data"]["data"]["a"], "1");
+    assert_eq!(evs[1]["data"]["data"]["a"], "2");
+    assert_ne!(rvs[1], rvs[2], "the delete has its own resourceVersion, so its own id");
+    assert_eq!(about(&all, &format!("{}/sentinel", ns.name)).len(), 1, "untouched sentinel: one snapshot event only");
+
+    let status = kc.stop();
+    assert!(status.success(), "SIGTERM is a clean exit, got {status}\n{}", kc.log());
+}
+
+const CRD_GROUP: &str = "e2e.kubecast.io";
+
+async fn ensure_widget_crd(client: &Client) {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": format!("widgets.{CRD_GROUP}")},
+        "spec": {
+            "group": CRD_GROUP,
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}
+                }}}
+            }]
+        }
+    }))
+    .unwrap();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("create CRD: {e}"),
+    }
+    // Wait until it is established and served.
+    let ar = widget_resource();
+    for _ in 0..100 {
+        let c = crds.get(&format!("widgets.{CRD_GROUP}")).await.unwrap();
+        let established = c
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established && Api::<DynamicObject>::all_with(client.clone(), &ar).list(&Default::default()).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("CRD widgets.{CRD_GROUP} never became established");
+}
+
+fn widget_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(CRD_GROUP, "v1", "Widget"), "widgets")
+}
+
+async fn create_widget(client: &Client, ns: &str, name: &str, size: i64) {
+    let ar = widget_resource();
+    let mut w = DynamicObject::new(name, &ar).within(ns);
+    w.data = json!({"spec": {"size": size}});
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar)
+        .create(&PostParams::default(), &w)
+        .await
+        .expect("create widget");
+}
+
+#[tokio::test]
+async fn custom_resources_of_a_crd_are_watched_by_kind() {
+    let client = client().await;
+    ensure_widget_crd(&client).await;
+    let ns = TestNamespace::new(&client, "crd").await;
+    create_widget(&client, &ns.name, "sentinel", 1).await;
+
+    let mut kc = Kubecast::start(&format!(
+        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"{CRD_GROUP}/v1\"\nkind = \"Widget\"\nnamespaces = [\"{}\"]\n",
+        ns.name
+    ));
+    kc.wait_for("widget snapshot", WAIT, |e| has(e, &format!("{}/sentinel", ns.name), "added")).await;
+    create_widget(&client, &ns.name, "w1", 3).await;
+    let evs = kc.wait_for("widget w1", WAIT, |e| has(e, &format!("{}/w1", ns.name), "added")).await;
+    let e = about(&evs, &format!("{}/w1", ns.name))[0];
+    assert_eq!(e["type"], format!("io.kubecast.{CRD_GROUP}.Widget.added").as_str());
+    assert_eq!(e["source"], format!("k8s://e2e/apis/{CRD_GROUP}/v1/widgets").as_str());
+    assert_eq!(e["origin"], "watch");
+    assert_eq!(e["data"]["spec"]["size"], 3);
+    assert_eq!(e["data"]["apiVersion"], format!("{CRD_GROUP}/v1").as_str());
+}
+
+#[tokio::test]
+async fn cluster_scoped_objects_have_the_name_as_subject() {
+    let client = client().await;
+    let label = common::unique("t");
+    let mut kc = Kubecast::start(&format!(
+        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Namespace\"\nlabel_selector = \"kubecast-test={label}\"\nevents = [\"added\"]\n"
+    ));
+    // Give the initial (empty) list time to finish: changes after it are never lost, but a
+    // namespace created before it would come as a snapshot instead of a watch event.
+    let name = common::unique("scoped");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"kubecast-test": label}}})).unwrap();
+    let nsapi = Api::<Namespace>::all(client.clone());
+    nsapi.create(&PostParams::default(), &ns).await.unwrap();
+    let evs = kc.wait_for("namespace added", WAIT, |e| has(e, &name, "added")).await;
+    assert_eq!(evs.len(), 1, "only the labelled namespace: {}", common::pretty(&evs));
+    assert_eq!(evs[0]["source"], "k8s://e2e/api/v1/namespaces");
+    nsapi.delete(&name, &DeleteParams::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn namespace_label_field_and_verb_selectors_restrict_the_events() {
+    let client = client().await;
+    let (ns1, ns2, ns3) = (
+        TestNamespace::new(&client, "sel1").await,
+        TestNamespace::new(&client, "sel2").await,
+        TestNamespace::new(&client, "sel3").await,
+    );
+    create_cm(&client, &ns1.name, "sentinel", json!({"app": "keep"}), json!({})).await;
+    create_cm(&client, &ns2.name, "chosen", json!({}), json!({"v": "1"})).await;
+
+    let mut kc = Kubecast::start(&format!(
+        r#"[cluster]
+name = "e2e"
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+namespaces = ["{ns1}"]
+label_selector = "app=keep"
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+namespaces = ["{ns2}"]
+field_selector = "metadata.name=chosen"
+events = ["added", "deleted"]
+"#,
+        ns1 = ns1.name,
+        ns2 = ns2.name
+    ));
+    let (s1, c2) = (format!("{}/sentinel", ns1.name), format!("{}/chosen", ns2.name));
+    kc.wait_for("both snapshots", WAIT, |e| has(e, &s1, "added") && has(e, &c2, "added")).await;
+
+    create_cm(&client, &ns1.name, "a", json!({"app": "keep"}), json!({})).await; // yes
+    create_cm(&client, &ns1.name, "b", json!({"app": "drop"}), json!({})).await; // label
+    create_cm(&client, &ns3.name, "a", json!({"app": "keep"}), json!({})).await; // namespace
+    create_cm(&client, &ns2.name, "other", json!({}), json!({})).await; // field
+    let cms2 = Api::<ConfigMap>::namespaced(client.clone(), &ns2.name);
+    cms2.patch("chosen", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2"}}))).await.unwrap(); // verb
+    cms2.delete("chosen", &DeleteParams::default()).await.unwrap(); // yes
+    create_cm(&client, &ns1.name, "zz-last", json!({"app": "keep"}), json!({})).await; // yes
+
+    let last = format!("{}/zz-last", ns1.name);
+    kc.wait_for("last events", WAIT, |e| has(e, &last, "added") && has(e, &c2, "deleted")).await;
+    tokio::time::sleep(GRACE).await;
+    let evs = kc.events();
+    let mut got: Vec<String> = evs.iter().map(|e| format!("{} {}", e["subject"].as_str().unwrap(), verb(e))).collect();
+    got.sort();
+    let mut want = vec![
+        format!("{s1} added"),
+        format!("{}/a added", ns1.name),
+        format!("{last} added"),
+        format!("{c2} added"),
+        format!("{c2} deleted"),
+    ];
+    want.sort();
+    assert_eq!(got, want, "\n{}", common::pretty(&evs));
+}
+
+#[tokio::test]
+async fn unknown_kind_or_group_is_a_clear_error_naming_the_resource() {
+    let mut kc = Kubecast::start("[[resources]]\napi_version = \"v1\"\nkind = \"Gizmo\"\n");
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success());
+    let log = kc.log();
+    assert!(log.contains("resources[0]") && log.contains("Gizmo") && log.contains("not served"), "{log}");
+
+    let mut kc = Kubecast::start(
+        "[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n[[resources]]\napi_version = \"nope.example.com/v1\"\nkind = \"Thing\"\n",
+    );
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success());
+    let log = kc.log();
+    assert!(log.contains("resources[1]") && log.contains("nope.example.com/v1"), "{log}");
+}
+
+#[tokio::test]
+async fn forbidden_resource_is_a_clear_error_naming_the_resource() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "rbac").await;
+    // A service account with no role binding: it may discover, but not list configmaps.
+    let sa: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": "nobody"}})).unwrap();
+    let sas = Api::<ServiceAccount>::namespaced(client.clone(), &ns.name);
+    sas.create(&PostParams::default(), &sa).await.unwrap();
+    let tr: TokenRequest = serde_json::from_value(json!({"spec": {"audiences": []}})).unwrap();
+    let tr: TokenRequest =
+        sas.create_subresource("token", "nobody", &PostParams::default(), &tr).await.expect("token request");
+    let token = tr.status.unwrap().token;
+
+    let mut kcfg = kube::config::Kubeconfig::read_from(common::kubeconfig()).unwrap();
+    for ai in kcfg.auth_infos.iter_mut() {
+        if let Some(info) = ai.auth_info.as_mut() {
+            info.token = Some(token.clone().into());
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    // JSON is YAML: kube reads it as a kubeconfig.
+    std::fs::write(&path, serde_json::to_vec(&kcfg).unwrap()).unwrap();
+
+    let mut kc = Kubecast::start_with(
+        &format!("[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\n", ns.name),
+        &[("KUBECONFIG", path.to_str().unwrap())],
+    );
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success());
+    let log = kc.log();
+    assert!(log.contains("forbidden") && log.contains("configmaps") && log.contains(&ns.name), "{log}");
+}
