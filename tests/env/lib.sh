@@ -1,0 +1,432 @@
+# shellcheck shell=bash disable=SC2034 # globals are used by the sourcing scripts
+# Shared code of tests/env/{up,down,restart-apiserver,kafka-*}. Sourced, not run.
+#
+# Layout
+#   cache  ${KUBECAST_ENV_CACHE:-$HOME/.cache/kubecast-env}  (shared by checkouts)
+#     bin/<tool>-<version>-<hash>   built binaries, keyed by version + build inputs
+#     kafka-<version>-<hash>/libs   Kafka jars
+#     locks/                        flock files serialising builds
+#   state  ${KUBECAST_ENV_STATE:-<repo>/target/kubecast-env}  (per checkout)
+#     env                           KEY=value file for the services that run
+#     kubeconfig                    admin kubeconfig (static token)
+#     bin/                          symlinks: etcd kube-apiserver kubectl nats-server
+#     <service>/pid <service>/<service>.log <service>/env (env fragment)
+#     <service>/...                 data dirs, certs, configs
+
+ENV_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+REPO_DIR=$(cd "$ENV_DIR/../.." && pwd -P)
+
+ALL_SERVICES=(etcd apiserver kafka nats)
+
+ETCD_PORT=${KUBECAST_ENV_ETCD_PORT:-23790}
+ETCD_PEER_PORT=${KUBECAST_ENV_ETCD_PEER_PORT:-23800}
+APISERVER_PORT=${KUBECAST_ENV_APISERVER_PORT:-16443}
+KAFKA_PORT=${KUBECAST_ENV_KAFKA_PORT:-19092}
+KAFKA_CONTROLLER_PORT=${KUBECAST_ENV_KAFKA_CONTROLLER_PORT:-19093}
+NATS_PORT=${KUBECAST_ENV_NATS_PORT:-14222}
+NATS_MONITOR_PORT=${KUBECAST_ENV_NATS_MONITOR_PORT:-18222}
+
+log() { printf '[tests/env] %s\n' "$*" >&2; }
+die() {
+	printf '[tests/env] ERROR: %s\n' "$*" >&2
+	exit 1
+}
+
+if [[ -z ${KUBECAST_ENV_CACHE:-} && -z ${HOME:-} ]]; then
+	die "HOME is not set; set KUBECAST_ENV_CACHE to a cache directory"
+fi
+CACHE_DIR=${KUBECAST_ENV_CACHE:-$HOME/.cache/kubecast-env}
+STATE_DIR=${KUBECAST_ENV_STATE:-$REPO_DIR/target/kubecast-env}
+mkdir -p "$CACHE_DIR/bin" "$CACHE_DIR/locks" "$STATE_DIR"
+CACHE_DIR=$(cd "$CACHE_DIR" && pwd -P)
+STATE_DIR=$(cd "$STATE_DIR" && pwd -P)
+BIN_DIR=$STATE_DIR/bin
+
+# ---------------------------------------------------------------- locking
+# fd 9: whole-state lock (one up/down at a time per state dir)
+# fd 8: build lock in the main shell; fd 7: build lock in a background job.
+# Daemons are started with 7>&- 8>&- 9>&- so they never inherit a lock.
+
+lock_state() {
+	exec 9>"$STATE_DIR/.lock"
+	if ! flock -n 9; then
+		log "waiting for another tests/env command on $STATE_DIR ..."
+		flock -w 1800 9 || die "timed out waiting for lock $STATE_DIR/.lock"
+	fi
+}
+
+# lock_build FD NAME: take the cache build lock NAME on fd FD (7 or 8).
+lock_build() {
+	local fd=$1 name=$2 file="$CACHE_DIR/locks/$2.lock"
+	case $fd in
+	7) exec 7>"$file" ;;
+	8) exec 8>"$file" ;;
+	*) die "lock_build: bad fd $fd" ;;
+	esac
+	if ! flock -n "$fd"; then
+		log "waiting for another build of $name (lock $file) ..."
+		flock -w 3600 "$fd" || die "timed out waiting for lock $file"
+	fi
+}
+
+unlock_build() {
+	case $1 in
+	7) exec 7>&- ;;
+	8) exec 8>&- ;;
+	esac
+}
+
+# ---------------------------------------------------------------- toolchains
+
+find_go() {
+	if [[ -z ${GO:-} ]]; then
+		if command -v go >/dev/null 2>&1; then
+			GO=$(command -v go)
+		elif [[ -x /usr/local/go/bin/go ]]; then
+			GO=/usr/local/go/bin/go
+		else
+			die "go not found in PATH (nor /usr/local/go/bin/go); Go >= 1.26 is needed to build etcd, kube-apiserver, kubectl and nats-server"
+		fi
+	fi
+	local v
+	v=$("$GO" env GOVERSION 2>/dev/null) || die "the Go toolchain '$GO' does not work ('$GO env GOVERSION' failed)"
+	GO_MINOR=$(sed -E 's/^go1\.([0-9]+).*/\1/' <<<"$v")
+	[[ $GO_MINOR =~ ^[0-9]+$ ]] || GO_MINOR=0
+	if ((GO_MINOR < 26)); then
+		log "warning: $GO is $v; the pinned modules need Go >= 1.26 (GOTOOLCHAIN may fetch one through the module proxy)"
+	fi
+}
+
+find_java() {
+	command -v java >/dev/null 2>&1 || die "java not found in PATH; Kafka needs Java >= 17 (Debian: apt-get install openjdk-17-jre-headless)"
+	local v
+	v=$(java -XshowSettings:properties -version 2>&1 | sed -n 's/^ *java.specification.version = //p')
+	v=${v%%.*}
+	if ! [[ $v =~ ^[0-9]+$ ]] || ((v < 17)); then
+		die "java ${v:-(unknown version)} found; Kafka 4 needs Java >= 17"
+	fi
+}
+
+find_mvn() {
+	command -v mvn >/dev/null 2>&1 || die "mvn not found in PATH; it fetches the Kafka jars (Debian: apt-get install maven)"
+}
+
+# inputs_hash FILE...: short hash of the contents of the files (build inputs).
+inputs_hash() {
+	cat "$@" | sha256sum | cut -c1-10
+}
+
+# go_mod_version DIR MODULE: the version DIR/go.mod requires for MODULE.
+go_mod_version() {
+	local v
+	v=$(awk -v m="$2" '($1 == m && $2 ~ /^v/) { print $2 } ($1 == "require" && $2 == m) { print $3 }' "$1/go.mod" | head -n1)
+	[[ -n $v ]] || die "cannot find the version of $2 in $1/go.mod"
+	printf '%s\n' "$v"
+}
+
+# go_build NAME MODDIR LOG -- go build args...: run go build in MODDIR, output to LOG.
+go_build() {
+	local name=$1 moddir=$2 logf=$3
+	shift 4
+	local -a envs=(CGO_ENABLED=0)
+	if ((GO_MINOR >= 27)); then envs+=(GOEXPERIMENT=nojsonv2); fi
+	if ! (cd "$moddir" && env "${envs[@]}" "$GO" build -buildvcs=false -trimpath "$@") >"$logf" 2>&1; then
+		log "building $name failed; last lines of $logf:"
+		tail -n 30 "$logf" | sed 's/^/    /' >&2
+		exit 1
+	fi
+	rm -f "$logf"
+}
+
+# link_bin TARGET NAME: $BIN_DIR/NAME -> TARGET
+link_bin() {
+	mkdir -p "$BIN_DIR"
+	ln -sfn "$1" "$BIN_DIR/$2"
+}
+
+ensure_etcd() {
+	local dir=$ENV_DIR/etcd ver key out
+	ver=$(go_mod_version "$dir" go.etcd.io/etcd/server/v3)
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/main.go")
+	out=$CACHE_DIR/bin/etcd-$key
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 etcd
+		if [[ ! -x $out ]]; then
+			log "building etcd $ver (first run, ~1 min) ..."
+			local t0=$SECONDS
+			go_build "etcd $ver" "$dir" "$STATE_DIR/build-etcd.log" -- -ldflags '-s -w' -o "$out.tmp" .
+			mv -f "$out.tmp" "$out"
+			log "built etcd $ver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" etcd
+}
+
+ensure_kube() {
+	local dir=$ENV_DIR/kube ver key apiserver kubectl
+	ver=$(go_mod_version "$dir" k8s.io/kubernetes)
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/tools.go")
+	apiserver=$CACHE_DIR/bin/kube-apiserver-$key
+	kubectl=$CACHE_DIR/bin/kubectl-$key
+	if [[ ! -x $apiserver || ! -x $kubectl ]]; then
+		find_go
+		lock_build 8 kube
+		if [[ ! -x $apiserver || ! -x $kubectl ]]; then
+			log "building kube-apiserver + kubectl $ver (first run, ~4-8 min on 2 cores) ..."
+			local t0=$SECONDS tmp=$CACHE_DIR/bin/.kube-$key.tmp minor=${ver#v1.} x ld
+			minor=${minor%%.*}
+			ld='-s -w'
+			for x in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+				ld+=" -X $x.gitVersion=$ver -X $x.gitMajor=1 -X $x.gitMinor=$minor -X $x.gitTreeState=clean"
+			done
+			rm -rf "$tmp"
+			mkdir -p "$tmp"
+			go_build "kube-apiserver/kubectl $ver" "$dir" "$STATE_DIR/build-kube.log" -- \
+				-ldflags "$ld" -o "$tmp/" k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubectl
+			mv -f "$tmp/kube-apiserver" "$apiserver"
+			mv -f "$tmp/kubectl" "$kubectl"
+			rm -rf "$tmp"
+			log "built kube-apiserver + kubectl $ver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$apiserver" kube-apiserver
+	link_bin "$kubectl" kubectl
+}
+
+ensure_nats() {
+	local dir=$ENV_DIR/nats ver key out
+	ver=$(go_mod_version "$dir" github.com/nats-io/nats-server/v2)
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/tools.go")
+	out=$CACHE_DIR/bin/nats-server-$key
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 nats
+		if [[ ! -x $out ]]; then
+			log "building nats-server $ver (first run, ~1 min) ..."
+			local t0=$SECONDS
+			go_build "nats-server $ver" "$dir" "$STATE_DIR/build-nats.log" -- -ldflags '-s -w' -o "$out.tmp" github.com/nats-io/nats-server/v2
+			mv -f "$out.tmp" "$out"
+			log "built nats-server $ver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" nats-server
+}
+
+kafka_version() {
+	sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ENV_DIR/kafka/pom.xml" | head -n1
+}
+
+# kafka_libs_dir: the cache dir holding the Kafka jars for the pinned pom.
+kafka_libs_dir() {
+	local ver
+	ver=$(kafka_version)
+	[[ -n $ver ]] || die "cannot read <kafka.version> from $ENV_DIR/kafka/pom.xml"
+	printf '%s\n' "$CACHE_DIR/kafka-$ver-$(inputs_hash "$ENV_DIR/kafka/pom.xml")/libs"
+}
+
+# ensure_kafka [FD]: fetch the jars with Maven (lock fd 8, or 7 in a background job).
+ensure_kafka() {
+	local fd=${1:-8} libs ver
+	libs=$(kafka_libs_dir)
+	ver=$(kafka_version)
+	if [[ ! -f $libs/.complete ]]; then
+		find_java
+		find_mvn
+		lock_build "$fd" kafka
+		if [[ ! -f $libs/.complete ]]; then
+			log "fetching Kafka $ver jars with Maven (first run, ~1 min) ..."
+			local t0=$SECONDS tmp=${libs%/libs}.tmp logf=$STATE_DIR/build-kafka.log
+			rm -rf "$tmp"
+			mkdir -p "$tmp"
+			cp "$ENV_DIR/kafka/pom.xml" "$tmp/pom.xml"
+			if ! (cd "$tmp" && mvn -B -q -f pom.xml dependency:copy-dependencies \
+				-DincludeScope=runtime -DoutputDirectory="$tmp/libs") >"$logf" 2>&1; then
+				log "fetching Kafka jars failed; last lines of $logf:"
+				tail -n 30 "$logf" | sed 's/^/    /' >&2
+				exit 1
+			fi
+			rm -f "$logf"
+			touch "$tmp/libs/.complete"
+			rm -rf "${libs%/libs}"
+			mv "$tmp" "${libs%/libs}"
+			log "fetched Kafka $ver jars in $((SECONDS - t0))s"
+		fi
+		unlock_build "$fd"
+	fi
+}
+
+# ---------------------------------------------------------------- processes
+
+svc_dir() { printf '%s\n' "$STATE_DIR/$1"; }
+svc_log() { printf '%s\n' "$STATE_DIR/$1/$1.log"; }
+
+# svc_pid SERVICE: print the recorded pid if the process is alive and ours.
+# "Ours" = its command line mentions this state dir (guards against pid reuse).
+svc_pid() {
+	local f pid
+	f="$STATE_DIR/$1/pid"
+	[[ -f $f ]] || return 1
+	pid=$(<"$f")
+	[[ $pid =~ ^[0-9]+$ ]] || return 1
+	[[ -r /proc/$pid/cmdline ]] || return 1
+	tr '\0' '\n' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$STATE_DIR" || return 1
+	printf '%s\n' "$pid"
+}
+
+svc_alive() { svc_pid "$1" >/dev/null; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# require_free_port PORT WHAT VAR: die if something else listens there.
+require_free_port() {
+	if port_open "$1"; then
+		log "port 127.0.0.1:$1 ($2) is already in use by a process that tests/env/up did not start:"
+		if command -v ss >/dev/null 2>&1; then
+			ss -Hltnp "sport = :$1" 2>/dev/null | sed 's/^/    /' >&2 || true
+		fi
+		die "stop that process, or choose another port with $3=<port>"
+	fi
+}
+
+show_log_tail() {
+	local logf
+	logf=$(svc_log "$1")
+	if [[ -f $logf ]]; then
+		log "last lines of $logf:"
+		tail -n "${2:-40}" "$logf" | sed 's/^/    /' >&2
+	fi
+}
+
+# start_daemon SERVICE CMD...: start CMD detached (own session), stdout+stderr
+# to the service log, pid in the service pid file.
+start_daemon() {
+	local svc=$1 dir logf pidf i
+	shift
+	dir=$(svc_dir "$svc")
+	logf=$(svc_log "$svc")
+	pidf=$dir/pid
+	mkdir -p "$dir"
+	[[ -f $logf ]] && mv -f "$logf" "$logf.1"
+	rm -f "$pidf"
+	# The child writes its own pid, then execs the daemon (no pid race).
+	# shellcheck disable=SC2016
+	setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$@" </dev/null >"$logf" 2>&1 7>&- 8>&- 9>&- &
+	for ((i = 0; i < 50; i++)); do
+		[[ -s $pidf ]] && return 0
+		sleep 0.1
+	done
+	die "$svc did not start (no pid file $pidf)"
+}
+
+# wait_ready SERVICE TIMEOUT CHECK-CMD...: poll CHECK until it succeeds.
+wait_ready() {
+	local svc=$1 timeout=$2 t0=$SECONDS
+	shift 2
+	while true; do
+		if ! svc_alive "$svc"; then
+			log "$svc exited during startup"
+			show_log_tail "$svc"
+			exit 1
+		fi
+		if "$@" >/dev/null 2>&1; then
+			return 0
+		fi
+		if ((SECONDS - t0 >= timeout)); then
+			log "$svc not ready after ${timeout}s (check: $*); stopping it"
+			show_log_tail "$svc"
+			stop_service "$svc" >/dev/null 2>&1 || true
+			exit 1
+		fi
+		sleep 0.5
+	done
+}
+
+# stop_service SERVICE: SIGTERM, wait, SIGKILL. Only the recorded pid.
+stop_service() {
+	local svc=$1 pid i dir
+	dir=$(svc_dir "$svc")
+	if pid=$(svc_pid "$svc"); then
+		log "stopping $svc (pid $pid) ..."
+		kill -TERM "$pid" 2>/dev/null || true
+		for ((i = 0; i < ${KUBECAST_ENV_STOP_TIMEOUT:-30} * 10; i++)); do
+			svc_alive "$svc" || break
+			sleep 0.1
+		done
+		if svc_alive "$svc"; then
+			log "$svc (pid $pid) still running after SIGTERM; sending SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+			for ((i = 0; i < 50; i++)); do
+				svc_alive "$svc" || break
+				sleep 0.1
+			done
+		fi
+	fi
+	rm -f "$dir/pid" "$dir/env"
+}
+
+# ---------------------------------------------------------------- env file
+
+# kv KEY VALUE: a KEY=value line valid for `source` (quoted only if needed).
+kv() {
+	if [[ $2 =~ ^[A-Za-z0-9_./:@,+=%-]*$ ]]; then
+		printf '%s=%s\n' "$1" "$2"
+	else
+		printf "%s='%s'\n" "$1" "${2//\'/\'\\\'\'}"
+	fi
+}
+
+# write_env: (re)write $STATE_DIR/env from the fragments of running services.
+write_env() {
+	[[ -d $STATE_DIR ]] || return 0
+	local svc running=() tmp=$STATE_DIR/env.tmp
+	for svc in "${ALL_SERVICES[@]}"; do
+		if svc_alive "$svc" && [[ -f $STATE_DIR/$svc/env ]]; then
+			running+=("$svc")
+		fi
+	done
+	{
+		echo "# Written by tests/env/up and tests/env/down; only running services have keys."
+		echo "# Use: set -a; . $STATE_DIR/env; set +a"
+		kv KUBECAST_ENV_STATE "$STATE_DIR"
+		kv KUBECAST_ENV_BIN "$BIN_DIR"
+		kv KUBECAST_ENV_SERVICES "$(
+			IFS=,
+			echo "${running[*]}"
+		)"
+		for svc in "${running[@]}"; do
+			cat "$STATE_DIR/$svc/env"
+		done
+	} >"$tmp"
+	mv -f "$tmp" "$STATE_DIR/env"
+}
+
+# ---------------------------------------------------------------- kafka
+
+kafka_java() {
+	local libs
+	libs=$(kafka_libs_dir)
+	[[ -f $libs/.complete ]] || die "Kafka jars are not fetched yet; run tests/env/up kafka first"
+	find_java
+	exec java -Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true \
+		-Dlog4j2.configurationFile="$ENV_DIR/kafka/log4j2-tools.properties" \
+		-cp "$libs/*" "$@"
+}
+
+# kafka_api_versions_ok PORT: send a Kafka ApiVersions (v0) request and
+# check for a well-formed response with our correlation id.
+kafka_api_versions_ok() {
+	local out
+	out=$(
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		# size=12 | api_key=18 api_version=0 correlation_id=42 client_id="up"
+		printf '\x00\x00\x00\x0c\x00\x12\x00\x00\x00\x00\x00\x2a\x00\x02up' >&3
+		timeout 5 head -c 10 <&3 | od -An -tx1 | tr -d ' \n'
+	) || return 1
+	# bytes 4-7: correlation id 42; bytes 8-9: error code (0, or 35 =
+	# UNSUPPORTED_VERSION, which still proves the broker serves requests)
+	[[ ${out:8:8} == 0000002a && (${out:16:4} == 0000 || ${out:16:4} == 0023) ]]
+}
