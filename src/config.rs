@@ -41,12 +41,27 @@ pub struct ClusterConfig {
     /// Path of a kubeconfig; default: `KUBECONFIG`, then `~/.kube/config`, then in-cluster.
     #[serde(default)]
     pub kubeconfig: Option<PathBuf>,
+    /// Requests per second kubecast sends to the apiserver (discovery, list pages, watch
+    /// starts), all streams together.
+    #[serde(default = "default_qps")]
+    pub qps: u32,
+    /// Requests that may go at once above `qps` (e.g. starting many streams).
+    #[serde(default = "default_burst")]
+    pub burst: u32,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self { name: default_cluster_name(), kubeconfig: None }
+        Self { name: default_cluster_name(), kubeconfig: None, qps: default_qps(), burst: default_burst() }
     }
+}
+
+fn default_qps() -> u32 {
+    20
+}
+
+fn default_burst() -> u32 {
+    40
 }
 
 fn default_cluster_name() -> String {
@@ -58,12 +73,19 @@ fn default_cluster_name() -> String {
 pub struct CheckpointConfig {
     #[serde(default = "default_checkpoint_dir")]
     pub dir: PathBuf,
+    /// How often changed checkpoints are written, in milliseconds (and always at shutdown).
+    #[serde(default = "default_flush_interval_ms")]
+    pub flush_interval_ms: u64,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self { dir: default_checkpoint_dir() }
+        Self { dir: default_checkpoint_dir(), flush_interval_ms: default_flush_interval_ms() }
     }
+}
+
+fn default_flush_interval_ms() -> u64 {
+    1000
 }
 
 fn default_checkpoint_dir() -> PathBuf {
@@ -138,6 +160,37 @@ pub struct ResourceConfig {
     pub field_selector: String,
     #[serde(default = "all_verbs")]
     pub events: Vec<Verb>,
+    /// First start without a checkpoint: `snapshot` emits every existing object once,
+    /// `now` only changes from then on.
+    #[serde(default)]
+    pub initial: Initial,
+    /// Objects per page of a LIST.
+    #[serde(default = "default_page_size")]
+    pub page_size: u32,
+    /// When the kind is not served (CRD not installed yet): `wait` rediscovers with backoff and
+    /// starts the stream when it appears; `fail` stops kubecast with an error.
+    #[serde(default)]
+    pub missing_kind: MissingKind,
+}
+
+fn default_page_size() -> u32 {
+    500
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Initial {
+    #[default]
+    Snapshot,
+    Now,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingKind {
+    #[default]
+    Wait,
+    Fail,
 }
 
 fn all_verbs() -> Vec<Verb> {
@@ -224,6 +277,19 @@ impl Config {
                 "use lower-case letters, digits and '-', at most 63 characters, e.g. \"prod-eu-1\"",
             );
         }
+        if self.cluster.qps == 0 {
+            push("cluster.qps".into(), "must be at least 1".into(), "set e.g. qps = 20");
+        }
+        if self.cluster.burst == 0 {
+            push("cluster.burst".into(), "must be at least 1".into(), "set e.g. burst = 40");
+        }
+        if self.checkpoint.flush_interval_ms == 0 {
+            push(
+                "checkpoint.flush_interval_ms".into(),
+                "must be at least 1".into(),
+                "set e.g. flush_interval_ms = 1000",
+            );
+        }
         if self.checkpoint.dir.as_os_str().is_empty() {
             push("checkpoint.dir".into(), "must not be empty".into(), "set a directory, e.g. \"./kubecast-state\"");
         }
@@ -300,6 +366,13 @@ impl Config {
                     key("field_selector"),
                     format!("{:?}: {e}", r.field_selector),
                     "use Kubernetes field selector syntax, e.g. \"metadata.name=foo,status.phase!=Running\"",
+                );
+            }
+            if !(1..=100_000).contains(&r.page_size) {
+                push(
+                    key("page_size"),
+                    format!("{} is out of range", r.page_size),
+                    "use 1 to 100000; the default is 500",
                 );
             }
             if r.events.is_empty() {

@@ -9,6 +9,8 @@
 //! * `subject` = `namespace/name`, or `name` for cluster-scoped objects.
 //! * extensions: `partitionkey` (uid), `resourceversion`, `origin` (snapshot | watch | resync).
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use cloudevents::{Event, EventBuilder, EventBuilderV10};
 use kube::api::{ApiResource, DynamicObject};
@@ -42,6 +44,15 @@ pub struct Change {
     pub verb: Verb,
     pub origin: Origin,
     pub object: DynamicObject,
+    /// The resource type's event attributes (shared by all changes of a stream).
+    pub source: Arc<EventSource>,
+}
+
+impl Change {
+    pub fn into_cloudevent(self) -> Result<Event, EventError> {
+        let source = self.source.clone();
+        source.build(self)
+    }
 }
 
 /// Per-resource-type parts of every event (computed once per stream).
@@ -49,8 +60,7 @@ pub struct Change {
 pub struct EventSource {
     source: String,
     type_prefix: String,
-    api_version: String,
-    kind: String,
+    resource: ApiResource,
 }
 
 impl EventSource {
@@ -61,21 +71,20 @@ impl EventSource {
             format!("k8s://{cluster}/apis/{}/{}/{}", ar.group, ar.version, ar.plural)
         };
         let group = if ar.group.is_empty() { "core" } else { ar.group.as_str() };
-        Self {
-            source,
-            type_prefix: format!("io.kubecast.{group}.{}.", ar.kind),
-            api_version: ar.api_version.clone(),
-            kind: ar.kind.clone(),
-        }
+        Self { source, type_prefix: format!("io.kubecast.{group}.{}.", ar.kind), resource: ar.clone() }
     }
 
     pub fn source(&self) -> &str {
         &self.source
     }
 
+    pub fn api_resource(&self) -> &ApiResource {
+        &self.resource
+    }
+
     /// Builds the CloudEvent for `change`.
     pub fn build(&self, change: Change) -> Result<Event, EventError> {
-        let Change { verb, origin, mut object } = change;
+        let Change { verb, origin, mut object, .. } = change;
         let meta = &object.metadata;
         let uid = meta.uid.clone().filter(|u| !u.is_empty()).ok_or(EventError::MissingField("metadata.uid"))?;
         let rv = meta
@@ -89,7 +98,10 @@ impl EventSource {
             _ => name,
         };
         // List items come without apiVersion/kind; make every payload self-describing.
-        object.types = Some(kube::api::TypeMeta { api_version: self.api_version.clone(), kind: self.kind.clone() });
+        object.types = Some(kube::api::TypeMeta {
+            api_version: self.resource.api_version.clone(),
+            kind: self.resource.kind.clone(),
+        });
         let data = serde_json::to_value(&object).map_err(EventError::Serialize)?;
         EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
@@ -124,11 +136,12 @@ mod tests {
     #[test]
     fn contract() {
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apps", "v1", "Deployment"), "deployments");
-        let src = EventSource::new("prod", &ar);
+        let src = Arc::new(EventSource::new("prod", &ar));
         let mut obj = DynamicObject::new("web", &ar).within("shop");
         obj.metadata.uid = Some("u-1".into());
         obj.metadata.resource_version = Some("42".into());
-        let ev = src.build(Change { verb: Verb::Modified, origin: Origin::Watch, object: obj }).unwrap();
+        let ev =
+            Change { verb: Verb::Modified, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
         let json: serde_json::Value = serde_json::to_value(&ev).unwrap();
         assert_eq!(json["id"], "u-1:42:modified");
         assert_eq!(json["source"], "k8s://prod/apis/apps/v1/deployments");

@@ -1,8 +1,11 @@
 //! kubecast: Kubernetes changes as CloudEvents. See ARCHITECTURE.md for the data flow.
 
+pub mod ack;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod event;
+pub mod kubeapi;
 pub mod pipeline;
 pub mod reflector;
 pub mod selector;

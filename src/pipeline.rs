@@ -1,26 +1,33 @@
 //! Wires the data flow for `kubecast run`:
 //!
 //! ```text
-//! config -> discovery -> reflector per stream -> (events filter) -> CloudEvent -> sink
+//! config -> reflector per stream -> [bounded channel] -> events filter -> CloudEvent -> sink
+//!                                                                                     |
+//!              checkpoint files <- persister <- watermark per stream <- ack <---------+
 //! ```
 //!
-//! Reflectors send [`Change`]s into one bounded channel; when the sink is slow the channel
-//! fills and the reflectors stop reading their watches (backpressure), they never buffer
-//! without bound.
+//! Every item a reflector emits is acknowledged exactly once: after the sink accepted its
+//! event, or at once when the `events` filter drops it or it carries no change (bookmarks, end
+//! of a list). Only acknowledged items move a stream's checkpoint (see `ack.rs`). When the sink
+//! is slow the channel fills and the reflectors stop reading their watches (backpressure).
+//!
+//! Shutdown (the token fires): the reflectors stop, the sink delivers what is already in the
+//! channel, then every stream's final checkpoint is written.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::discovery::{self, Scope};
+use kube::api::GroupVersionKind;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::ack::StreamCheckpoint;
+use crate::checkpoint::{CheckpointError, CheckpointStore, StreamKey};
 use crate::config::{Config, ResourceConfig};
-use crate::event::{Change, EventSource};
-use crate::reflector::{Reflector, ReflectorError, StreamSpec};
+use crate::kubeapi::{self, ClientError};
+use crate::reflector::{Item, Reflector, ReflectorError, StreamSpec};
 use crate::sink::{Sink, SinkError};
 
 /// Capacity of the channel between the reflectors and the sink.
@@ -28,159 +35,170 @@ const CHANNEL_CAPACITY: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error(
-        "cannot build a Kubernetes client: {0} (fix: set cluster.kubeconfig or KUBECONFIG, or run in a pod with a service account)"
-    )]
-    Client(String),
-    #[error("resources[{index}] ({resource}): {message}")]
-    Resource { index: usize, resource: String, message: String },
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Reflector(#[from] ReflectorError),
     #[error("sink: {0}")]
     Sink(#[from] SinkError),
 }
 
-/// A resolved `[[resources]]` entry.
-struct Resolved {
-    cfg: ResourceConfig,
-    source: EventSource,
+/// What the sink side knows of a stream.
+struct Stream {
+    resource: Arc<ResourceConfig>,
+    checkpoint: Arc<StreamCheckpoint>,
 }
 
-/// Runs until `shutdown` fires (then drains what the reflectors already handed over) or a
-/// fatal error occurs.
+/// Runs until `shutdown` fires or a fatal error occurs.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
-    let client = make_client(&config).await?;
+    let client = kubeapi::client(&config.cluster).await?;
+    let limiter = kubeapi::limiter(&config.cluster);
+    let store = CheckpointStore::open(&config.checkpoint.dir)?;
     let mut sink = Sink::open(&config.sink).await?;
 
-    let mut resolved = Vec::new();
-    let mut specs = Vec::new();
-    for (index, rc) in config.resources.iter().enumerate() {
-        let (ar, scope) = resolve(&client, index, rc).await?;
-        resolved.push(Arc::new(Resolved { cfg: rc.clone(), source: EventSource::new(&config.cluster.name, &ar) }));
-        for ns in namespaces_for(index, rc, &scope)? {
-            let api: Api<DynamicObject> = match &ns {
-                Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
-                None => Api::all_with(client.clone(), &ar),
+    let (tx, mut rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let mut streams = Vec::new();
+    let mut reflectors = Vec::new();
+    for (resource_index, rc) in config.resources.iter().enumerate() {
+        let rc = Arc::new(rc.clone());
+        let (group, version) = rc.group_version();
+        let scopes: Vec<Option<String>> =
+            if rc.namespaces.is_empty() { vec![None] } else { rc.namespaces.iter().cloned().map(Some).collect() };
+        for namespace in scopes {
+            let key = StreamKey {
+                cluster: config.cluster.name.clone(),
+                group: group.to_string(),
+                version: version.to_string(),
+                kind: rc.kind.clone(),
+                namespace: namespace.clone(),
+                label_selector: rc.label_selector.clone(),
+                field_selector: rc.field_selector.clone(),
             };
-            let name = match &ns {
+            let (checkpoint, loaded) = StreamCheckpoint::load(store.clone(), key)?;
+            let name = match &namespace {
                 Some(ns) => format!("{} in namespace {ns}", rc.describe()),
                 None => format!("{} (cluster-wide)", rc.describe()),
             };
-            specs.push(StreamSpec {
-                tag: index,
+            let spec = StreamSpec {
+                id: streams.len(),
                 name,
-                api,
-                resource: ar.clone(),
+                resource_index,
+                cluster: config.cluster.name.clone(),
+                client: client.clone(),
+                limiter: limiter.clone(),
+                gvk: GroupVersionKind::gvk(group, version, &rc.kind),
+                namespace,
                 label_selector: rc.label_selector.clone(),
                 field_selector: rc.field_selector.clone(),
-                page_size: 500,
-            });
+                page_size: rc.page_size,
+                initial: rc.initial,
+                missing_kind: rc.missing_kind,
+            };
+            reflectors.push(Reflector::new(spec, loaded, tx.clone()));
+            streams.push(Stream { resource: rc.clone(), checkpoint: Arc::new(checkpoint) });
         }
     }
-
-    let (tx, mut rx) = mpsc::channel::<(usize, Change)>(CHANNEL_CAPACITY);
-    let cancel = shutdown.child_token();
-    let mut reflectors = JoinSet::new();
-    for spec in specs {
-        let (tx, cancel) = (tx.clone(), cancel.clone());
-        reflectors.spawn(async move { Reflector::new(spec).run(tx, cancel).await });
-    }
     drop(tx);
-    info!(streams = reflectors.len(), "kubecast running");
 
-    let mut result = Ok(());
+    let cancel = shutdown.child_token();
+    let mut tasks = JoinSet::new();
+    for r in reflectors {
+        tasks.spawn(r.run(cancel.clone()));
+    }
+    info!(streams = streams.len(), sink = %config.sink.kind, "kubecast running");
+
+    let checkpoints: Vec<Arc<StreamCheckpoint>> = streams.iter().map(|s| s.checkpoint.clone()).collect();
+    let persister = tokio::spawn(persist_periodically(
+        checkpoints.clone(),
+        Duration::from_millis(config.checkpoint.flush_interval_ms),
+        cancel.clone(),
+    ));
+
+    let mut result: Result<(), RunError> = Ok(());
+    let mut fail = |e: RunError, cancel: &CancellationToken| {
+        error!(error = %e, "stopping");
+        if result.is_ok() {
+            result = Err(e);
+        }
+        cancel.cancel();
+    };
     loop {
         tokio::select! {
-            maybe = rx.recv() => match maybe {
-                Some((index, change)) => {
-                    let r = &resolved[index];
-                    if !r.cfg.wants(change.verb) {
-                        continue;
-                    }
-                    match r.source.build(change) {
-                        Ok(event) => sink.send(&event).await?,
-                        Err(e) => warn!(source = r.source.source(), error = %e, "object cannot become an event; skipped"),
-                    }
+            maybe = rx.recv() => {
+                let Some(item) = maybe else { break };
+                if let Err(e) = deliver(&mut sink, &streams[item.stream], item).await {
+                    // The checkpoint stays at the last acknowledged event.
+                    fail(e.into(), &cancel);
+                    break;
                 }
-                None => break,
-            },
-            Some(joined) = reflectors.join_next() => {
-                match joined {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => {
-                        error!(error = %e, "stream failed");
-                        result = Err(RunError::Reflector(e));
-                        cancel.cancel();
-                    }
-                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                    Err(_) => {}
+            }
+            Some(joined) = tasks.join_next() => {
+                if let Some(e) = task_error(joined) {
+                    fail(e.into(), &cancel);
                 }
             }
         }
     }
+    cancel.cancel();
+    while let Some(joined) = tasks.join_next().await {
+        if let Some(e) = task_error(joined) {
+            fail(e.into(), &cancel);
+        }
+    }
+    let _ = persister.await;
+    for cp in &checkpoints {
+        if let Err(e) = cp.persist_if_dirty() {
+            error!(error = %e, "final checkpoint not written");
+            if result.is_ok() {
+                result = Err(e.into());
+            }
+        }
+    }
+    info!("kubecast stopped; checkpoints written");
     result
 }
 
-async fn make_client(config: &Config) -> Result<Client, RunError> {
-    let kcfg = match &config.cluster.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| RunError::Client(format!("cluster.kubeconfig {}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| RunError::Client(format!("cluster.kubeconfig {}: {e}", path.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| RunError::Client(e.to_string()))?,
-    };
-    Client::try_from(kcfg).map_err(|e| RunError::Client(e.to_string()))
+fn task_error(joined: Result<Result<(), ReflectorError>, tokio::task::JoinError>) -> Option<ReflectorError> {
+    match joined {
+        Ok(r) => r.err(),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => None,
+    }
 }
 
-async fn resolve(client: &Client, index: usize, rc: &ResourceConfig) -> Result<(ApiResource, Scope), RunError> {
-    let (group, version) = rc.group_version();
-    let gvk = GroupVersionKind::gvk(group, version, &rc.kind);
-    match discovery::pinned_kind(client, &gvk).await {
-        Ok((ar, caps)) => {
-            if !caps.supports_operation(discovery::verbs::WATCH) || !caps.supports_operation(discovery::verbs::LIST) {
-                return Err(RunError::Resource {
-                    index,
-                    resource: rc.describe(),
-                    message: "the server does not allow list and watch on this kind (fix: choose a watchable kind)"
-                        .into(),
-                });
+/// Filters, builds and sends one item's event, then acknowledges the item.
+async fn deliver(sink: &mut Sink, stream: &Stream, item: Item) -> Result<(), SinkError> {
+    if let Some(change) = item.change {
+        if stream.resource.wants(change.verb) {
+            match change.into_cloudevent() {
+                Ok(event) => sink.send(&event).await?,
+                // Cannot happen with objects from a real apiserver (they all have uid and
+                // resourceVersion); acknowledged so the stream does not stall on it.
+                Err(e) => warn!(error = %e, "object cannot become an event; skipped"),
             }
-            Ok((ar, caps.scope))
-        }
-        Err(e) => {
-            let message = match &e {
-                kube::Error::Api(s) if s.code == 404 => format!(
-                    "the server does not serve api_version {:?} (fix: check api_version; for a CRD, install it first)",
-                    rc.api_version
-                ),
-                kube::Error::Api(s) if s.code == 403 => {
-                    format!("discovery is forbidden: {}", s.message)
-                }
-                kube::Error::Discovery(_) => format!(
-                    "kind {:?} is not served in {:?} (fix: check the spelling of kind, and `kubectl api-resources`)",
-                    rc.kind, rc.api_version
-                ),
-                other => format!("discovery failed: {other}"),
-            };
-            Err(RunError::Resource { index, resource: rc.describe(), message })
         }
     }
+    stream.checkpoint.ack(item.seq, item.effect);
+    Ok(())
 }
 
-/// `None` = one cluster-wide stream.
-fn namespaces_for(index: usize, rc: &ResourceConfig, scope: &Scope) -> Result<Vec<Option<String>>, RunError> {
-    if rc.namespaces.is_empty() {
-        return Ok(vec![None]);
+async fn persist_periodically(checkpoints: Vec<Arc<StreamCheckpoint>>, every: Duration, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for cp in &checkpoints {
+            let cp = cp.clone();
+            // File I/O off the async workers.
+            match tokio::task::spawn_blocking(move || cp.persist_if_dirty()).await {
+                Ok(Err(e)) => error!(error = %e, "checkpoint not written; retrying at the next interval"),
+                Ok(Ok(_)) | Err(_) => {}
+            }
+        }
     }
-    if matches!(scope, Scope::Cluster) {
-        return Err(RunError::Resource {
-            index,
-            resource: rc.describe(),
-            message: format!("namespaces is set, but {} is cluster-scoped (fix: remove namespaces)", rc.kind),
-        });
-    }
-    Ok(rc.namespaces.iter().cloned().map(Some).collect())
 }

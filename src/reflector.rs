@@ -1,52 +1,62 @@
 //! The reflector: one list+watch loop per stream (resource + namespace scope + selectors),
-//! written as an explicit state machine.
+//! written as an explicit state machine. It never loses a change and never re-emits an
+//! unchanged object, across restarts (it resumes from the persisted checkpoint) and 410 Gone
+//! (it relists and diffs against the index of what it delivered).
 //!
 //! ```text
-//!            start
-//!              |
-//!              v
-//!   +------> Listing { origin } --(list done, diffed against the index)--> Watching { rv }
-//!   |          |  ^                                                          |   |   |
-//!   |  list error  |                                                         |   |   |
-//!   |          v  |                                        stream ended or idle  |   |
-//!   |        Backoff { then: Listing }                     (re-watch same rv) <--+   |
-//!   |                                                                            |   |
-//!   +---- 410 Gone (in-stream ERROR event, or HTTP 410 at request time) ---------+   |
-//!                                                                                    |
-//!          Backoff { then: Watching { rv } } <--- any other watch error -------------+
+//!   Discover --kind served--> (checkpoint has rv?) --yes--> Watching { rv }
+//!      ^  |                          |no
+//!      |  +--not served--> WaitForKind --backoff--> Discover
+//!      |                             v
+//!      |                   Listing { origin } --list done, diffed--> Watching { list rv }
+//!      |                        ^                                       |  |  |
+//!      +--- kind gone (404) ----|---------------------------------------+  |  |
+//!                               +--- 410 Gone / too large rv --------------+  |
+//!                                      (in-stream ERROR or HTTP status)       |
+//!           Backoff { then } <--- other errors (429, refused, 5xx...) ---------+
 //! ```
 //!
-//! * `Listing` pages through a consistent LIST (resourceVersion unset, `limit = page_size`). A
-//!   410 on a continue token restarts the list from scratch (the token the server offers with
-//!   it would give an inconsistent list). The result is diffed against the stream's index of
-//!   delivered objects (uid -> resourceVersion, namespace/name): new uid -> `added`, changed
+//! * `Discover` resolves the kind by discovery. Not served: `WaitForKind` (rediscovers with
+//!   backoff; `missing_kind = "fail"` makes it fatal instead).
+//! * `Listing` pages through a consistent LIST (resourceVersion unset, `limit = page_size`; an
+//!   expired continue token restarts the list, because the token offered with the 410 gives an
+//!   inconsistent list). The result is diffed against the index: new uid -> `added`, changed
 //!   resourceVersion -> `modified`, uid missing from the list -> `deleted` with the last known
-//!   identity, unchanged -> nothing. The first list of a stream emits with `origin = snapshot`,
-//!   later ones (after 410) with `origin = resync`. The watch then starts at the *list's*
-//!   resourceVersion, never an item's.
-//! * `Watching` streams `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=290`.
-//!   Every event moves `rv`; bookmarks move it without emitting. The client has no read
-//!   timeout, so `next()` is bounded by an idle timeout; a closed or idle stream re-watches the
-//!   same `rv` at once (no relist).
-//! * `Backoff` sleeps a jittered exponential delay (0.8 s .. 30 s), reset after a healthy
-//!   period, then goes to its `then` state.
+//!   uid, namespace, name and resourceVersion, unchanged -> nothing. `origin` is `snapshot`
+//!   until the stream's first list was acknowledged, `resync` after. With `initial = "now"`
+//!   the first list emits nothing. The list ends with an item that sets the checkpoint to the
+//!   *list's* resourceVersion and the new index.
+//! * `Watching` streams `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=290`;
+//!   starting from a checkpoint's rv this replays exactly the changes after it. Each event and
+//!   bookmark moves `rv`. The client has no read timeout, so each `next()` is bounded by an idle
+//!   timeout; a closed or idle stream re-watches the same rv at once (no relist).
+//! * `Backoff` sleeps a jittered exponential delay (0.8 s .. 30 s, reset after a watch that
+//!   stayed healthy for 2 minutes), then goes to `then`. 429 and refused connections re-watch
+//!   the same rv: no relist.
 //! * Resource versions are opaque: compared for equality only.
 //!
-//! Fatal (the stream returns an error): the resource is forbidden (403) or no longer served
-//! (404) on the first list.
+//! Every emitted [`Item`] carries a stream-local sequence number and its effect on the
+//! checkpoint; see `ack.rs` for how acknowledgements turn into checkpoints. Fatal (the stream
+//! returns an error): the resource is forbidden (403) on the first list, or is missing with
+//! `missing_kind = "fail"`, or `namespaces` is set for a cluster-scoped kind.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::TryStreamExt;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectMeta, WatchEvent, WatchParams};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, WatchEvent, WatchParams};
+use kube::discovery::{self, Scope};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
-use crate::config::Verb;
-use crate::event::{Change, Origin};
+use crate::ack::{Effect, IndexOp};
+use crate::checkpoint::{Checkpoint, Index, IndexEntry};
+use crate::config::{Initial, MissingKind, Verb};
+use crate::event::{Change, EventSource, Origin};
+use crate::kubeapi::ApiLimiter;
 
 /// Server-side watch timeout; the apiserver closes the watch cleanly after it.
 const WATCH_TIMEOUT_SECS: u32 = 290;
@@ -58,28 +68,40 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(120);
 /// What one stream watches.
 #[derive(Clone)]
 pub struct StreamSpec {
-    /// Carried with every change this stream sends (the index of its `[[resources]]` entry).
-    pub tag: usize,
-    /// Human-readable id, e.g. `v1 ConfigMap in namespace shop`.
+    /// Index of the stream in the pipeline; carried by every item.
+    pub id: usize,
+    /// Human-readable, e.g. `v1 ConfigMap in namespace shop`.
     pub name: String,
-    pub api: Api<DynamicObject>,
-    pub resource: ApiResource,
+    /// `[[resources]]` index, for messages.
+    pub resource_index: usize,
+    pub cluster: String,
+    pub client: Client,
+    pub limiter: ApiLimiter,
+    pub gvk: GroupVersionKind,
+    /// `None`: cluster-wide.
+    pub namespace: Option<String>,
     pub label_selector: String,
     pub field_selector: String,
     pub page_size: u32,
+    pub initial: Initial,
+    pub missing_kind: MissingKind,
 }
 
-/// What the stream knows about one delivered object (never the whole object).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexEntry {
-    pub namespace: Option<String>,
-    pub name: String,
-    pub resource_version: String,
+/// One unit the reflector hands to the pipeline. `change` is `None` for items that only move
+/// the checkpoint (bookmarks, end of a list).
+#[derive(Debug)]
+pub struct Item {
+    pub stream: usize,
+    pub seq: u64,
+    pub effect: Effect,
+    pub change: Option<Change>,
 }
 
 /// The states of one stream; see the module documentation for the transitions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {
+    Discover,
+    WaitForKind,
     Listing { origin: Origin },
     Watching { rv: String },
     Backoff { then: Box<State> },
@@ -87,88 +109,170 @@ pub enum State {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReflectorError {
-    #[error("{stream}: forbidden: {message} (fix: grant get/list/watch on {resource} to kubecast's identity)")]
-    Forbidden { stream: String, resource: String, message: String },
-    #[error("{stream}: not found on the server: {message}")]
-    NotFound { stream: String, message: String },
+    #[error(
+        "resources[{index}] ({stream}): forbidden: {message} (fix: grant get, list and watch on {resource} to kubecast's identity)"
+    )]
+    Forbidden { index: usize, stream: String, resource: String, message: String },
+    #[error("resources[{index}] ({stream}): {message}")]
+    Kind { index: usize, stream: String, message: String },
+}
+
+/// Resolved once the kind is served.
+struct Target {
+    api: Api<DynamicObject>,
+    source: Arc<EventSource>,
 }
 
 pub struct Reflector {
     spec: StreamSpec,
-    index: HashMap<String, IndexEntry>,
+    target: Option<Target>,
+    /// The live index: every object the stream has emitted (or, with `initial = "now"`, seen).
+    index: Index,
+    /// The resume point loaded at start (consumed by the first `Discover`).
+    resume: Option<String>,
+    /// Whether a list of this stream was ever completed (here or before a restart).
+    listed_once: bool,
     state: State,
-    /// Whether any list has completed (the first one is the snapshot).
-    synced_once: bool,
+    seq: u64,
     backoff: ExponentialBackoff,
+    tx: mpsc::Sender<Item>,
 }
 
+/// The receiver is gone: the pipeline is shutting down.
+struct Closed;
+
 impl Reflector {
-    pub fn new(spec: StreamSpec) -> Self {
+    pub fn new(spec: StreamSpec, start: Option<Checkpoint>, tx: mpsc::Sender<Item>) -> Self {
+        let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
+        let (resume, index) = match start {
+            Some(cp) => (cp.resource_version, cp.objects),
+            None => (None, Index::new()),
+        };
         Self {
             spec,
-            index: HashMap::new(),
-            state: State::Listing { origin: Origin::Snapshot },
-            synced_once: false,
+            target: None,
+            index,
+            resume,
+            listed_once,
+            state: State::Discover,
+            seq: 0,
             backoff: new_backoff(),
+            tx,
         }
     }
 
-    /// Runs the stream until `cancel` fires or the receiver of `tx` is gone.
-    pub async fn run(
-        mut self,
-        tx: mpsc::Sender<(usize, Change)>,
-        cancel: CancellationToken,
-    ) -> Result<(), ReflectorError> {
+    /// Runs the stream until `cancel` fires or the pipeline is gone.
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), ReflectorError> {
         loop {
-            let state = std::mem::replace(&mut self.state, State::Listing { origin: Origin::Resync });
+            let state = std::mem::replace(&mut self.state, State::Discover);
             let next = tokio::select! {
                 biased;
                 _ = cancel.cancelled() => return Ok(()),
-                next = self.step(state, &tx) => next?,
+                next = self.step(state) => next?,
             };
             match next {
-                Some(s) => self.state = s,
-                None => return Ok(()), // receiver gone: shutting down
+                Ok(s) => {
+                    debug!(stream = %self.spec.name, state = ?s, "transition");
+                    self.state = s;
+                }
+                Err(Closed) => return Ok(()),
             }
         }
     }
 
-    /// Executes one state and returns the next one (`None`: the receiver is gone).
-    async fn step(
-        &mut self,
-        state: State,
-        tx: &mpsc::Sender<(usize, Change)>,
-    ) -> Result<Option<State>, ReflectorError> {
+    async fn step(&mut self, state: State) -> Result<Result<State, Closed>, ReflectorError> {
         match state {
-            State::Listing { origin } => self.list_and_diff(origin, tx).await,
-            State::Watching { rv } => self.watch(rv, tx).await,
+            State::Discover => self.discover().await.map(Ok),
+            State::WaitForKind => {
+                tokio::time::sleep(self.next_delay()).await;
+                Ok(Ok(State::Discover))
+            }
+            State::Listing { origin } => self.list_and_diff(origin).await,
+            State::Watching { rv } => self.watch(rv).await,
             State::Backoff { then } => {
-                let delay = self.backoff.next().unwrap_or(Duration::from_secs(30));
-                debug!(stream = %self.spec.name, ?delay, "backing off");
-                tokio::time::sleep(delay).await;
-                Ok(Some(*then))
+                tokio::time::sleep(self.next_delay()).await;
+                Ok(Ok(*then))
             }
         }
     }
 
-    async fn list_and_diff(
-        &mut self,
-        origin: Origin,
-        tx: &mpsc::Sender<(usize, Change)>,
-    ) -> Result<Option<State>, ReflectorError> {
+    fn next_delay(&mut self) -> Duration {
+        self.backoff.next().unwrap_or(Duration::from_secs(30))
+    }
+
+    async fn discover(&mut self) -> Result<State, ReflectorError> {
+        self.spec.limiter.until_ready().await;
+        let (ar, caps) = match discovery::pinned_kind(&self.spec.client, &self.spec.gvk).await {
+            Ok(found) => found,
+            Err(e) if is_not_served(&e) => {
+                let message =
+                    format!("kind {:?} is not served in {:?} ({e})", self.spec.gvk.kind, gv_string(&self.spec.gvk));
+                if self.spec.missing_kind == MissingKind::Fail {
+                    return Err(self.kind_error(format!(
+                        "{message} (fix: check api_version and kind with `kubectl api-resources`, install the CRD first, or set missing_kind = \"wait\")"
+                    )));
+                }
+                error!(stream = %self.spec.name, resource = %format!("resources[{}]", self.spec.resource_index), "{message}; waiting for it to be served (missing_kind = \"wait\")");
+                return Ok(State::WaitForKind);
+            }
+            Err(e) => {
+                warn!(stream = %self.spec.name, error = %e, "discovery failed; retrying after backoff");
+                return Ok(State::Backoff { then: Box::new(State::Discover) });
+            }
+        };
+        if !caps.supports_operation(discovery::verbs::LIST) || !caps.supports_operation(discovery::verbs::WATCH) {
+            return Err(self.kind_error(
+                "the server does not allow list and watch on this kind (fix: choose a watchable kind)".into(),
+            ));
+        }
+        let api = match (&self.spec.namespace, &caps.scope) {
+            (Some(_), Scope::Cluster) => {
+                return Err(self.kind_error(format!(
+                    "namespaces is set, but {} is cluster-scoped (fix: remove namespaces)",
+                    ar.kind
+                )));
+            }
+            (Some(ns), Scope::Namespaced) => Api::namespaced_with(self.spec.client.clone(), ns, &ar),
+            (None, _) => Api::all_with(self.spec.client.clone(), &ar),
+        };
+        let source = Arc::new(EventSource::new(&self.spec.cluster, &ar));
+        self.target = Some(Target { api, source });
+        Ok(match self.resume.take() {
+            Some(rv) => {
+                info!(stream = %self.spec.name, resource_version = %rv, objects = self.index.len(), "resuming from checkpoint");
+                State::Watching { rv }
+            }
+            // A known kind that came back (CRD re-created), or a first start.
+            None => State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } },
+        })
+    }
+
+    fn kind_error(&self, message: String) -> ReflectorError {
+        ReflectorError::Kind { index: self.spec.resource_index, stream: self.spec.name.clone(), message }
+    }
+
+    fn target(&self) -> &Target {
+        self.target.as_ref().expect("discovered before listing or watching")
+    }
+
+    async fn emit(&mut self, effect: Effect, change: Option<Change>) -> Result<(), Closed> {
+        let item = Item { stream: self.spec.id, seq: self.seq, effect, change };
+        self.seq += 1;
+        self.tx.send(item).await.map_err(|_| Closed)
+    }
+
+    fn change(&self, verb: Verb, origin: Origin, object: DynamicObject) -> Change {
+        Change { verb, origin, object, source: self.target().source.clone() }
+    }
+
+    async fn list_and_diff(&mut self, origin: Origin) -> Result<Result<State, Closed>, ReflectorError> {
         let started = Instant::now();
         let (items, list_rv) = match self.list_all().await {
             Ok(v) => v,
-            Err(e) => {
-                if !self.synced_once {
-                    self.fatal_if_permanent(&e)?;
-                }
-                warn!(stream = %self.spec.name, error = %e, "list failed; retrying after backoff");
-                return Ok(Some(State::Backoff { then: Box::new(State::Listing { origin }) }));
-            }
+            Err(e) => return Ok(Ok(self.after_list_error(e, origin)?)),
         };
-        let origin = if self.synced_once { Origin::Resync } else { origin };
-        let mut fresh = HashMap::with_capacity(items.len());
+        let silent = !self.listed_once && self.spec.initial == Initial::Now;
+        let mut fresh = Index::with_capacity(items.len());
         let mut emitted = 0usize;
         for obj in items {
             let Some((uid, entry)) = index_entry(&obj.metadata) else {
@@ -176,19 +280,24 @@ impl Reflector {
                 continue;
             };
             let verb = match self.index.get(&uid) {
-                None => Some(Verb::Added),
-                Some(old) if old.resource_version != entry.resource_version => Some(Verb::Modified),
-                Some(_) => None,
-            };
-            fresh.insert(uid, entry);
-            if let Some(verb) = verb {
-                emitted += 1;
-                if tx.send((self.spec.tag, Change { verb, origin, object: obj })).await.is_err() {
-                    return Ok(None);
+                None => Verb::Added,
+                Some(old) if old.resource_version != entry.resource_version => Verb::Modified,
+                Some(_) => {
+                    fresh.insert(uid, entry);
+                    continue;
                 }
+            };
+            fresh.insert(uid.clone(), entry.clone());
+            if silent {
+                continue;
+            }
+            emitted += 1;
+            let change = self.change(verb, origin, obj);
+            if self.emit(Effect::Diffed(IndexOp::Upsert(uid, entry)), Some(change)).await.is_err() {
+                return Ok(Err(Closed));
             }
         }
-        // Objects the stream delivered that are gone now: deleted while we were not watching.
+        // Objects the stream delivered that are gone now: deleted while it was not watching.
         let gone: Vec<(String, IndexEntry)> = self
             .index
             .iter()
@@ -197,9 +306,10 @@ impl Reflector {
             .collect();
         for (uid, entry) in gone {
             emitted += 1;
-            let object = tombstone(&self.spec.resource, &uid, &entry);
-            if tx.send((self.spec.tag, Change { verb: Verb::Deleted, origin: Origin::Resync, object })).await.is_err() {
-                return Ok(None);
+            let object = tombstone(&self.target().api_resource(), &uid, &entry);
+            let change = self.change(Verb::Deleted, Origin::Resync, object);
+            if self.emit(Effect::Diffed(IndexOp::Remove(uid)), Some(change)).await.is_err() {
+                return Ok(Err(Closed));
             }
         }
         info!(
@@ -211,22 +321,53 @@ impl Reflector {
             "list complete; watching"
         );
         self.index = fresh;
-        self.synced_once = true;
-        Ok(Some(State::Watching { rv: list_rv }))
+        self.listed_once = true;
+        let done = Effect::Listed { rv: list_rv.clone(), objects: self.index.clone() };
+        if self.emit(done, None).await.is_err() {
+            return Ok(Err(Closed));
+        }
+        Ok(Ok(State::Watching { rv: list_rv }))
+    }
+
+    fn after_list_error(&self, e: kube::Error, origin: Origin) -> Result<State, ReflectorError> {
+        match &e {
+            kube::Error::Api(s) if s.code == 403 && !self.listed_once => {
+                return Err(ReflectorError::Forbidden {
+                    index: self.spec.resource_index,
+                    stream: self.spec.name.clone(),
+                    resource: self.target().api_resource().plural,
+                    message: s.message.clone(),
+                });
+            }
+            kube::Error::Api(s) if s.code == 404 => {
+                warn!(stream = %self.spec.name, "the kind is no longer served; rediscovering");
+                return Ok(State::WaitForKind);
+            }
+            _ => {}
+        }
+        warn!(stream = %self.spec.name, error = %e, "list failed; retrying after backoff");
+        Ok(State::Backoff { then: Box::new(State::Listing { origin }) })
     }
 
     /// A consistent, paginated LIST. A 410 on a continue token restarts from the first page.
     async fn list_all(&self) -> Result<(Vec<DynamicObject>, String), kube::Error> {
+        let api = &self.target().api;
         'restart: loop {
             let mut items = Vec::new();
             let mut token: Option<String> = None;
             loop {
                 let mut lp = ListParams::default().limit(self.spec.page_size);
-                lp = self.selectors(lp);
+                if !self.spec.label_selector.is_empty() {
+                    lp = lp.labels(&self.spec.label_selector);
+                }
+                if !self.spec.field_selector.is_empty() {
+                    lp = lp.fields(&self.spec.field_selector);
+                }
                 if let Some(t) = &token {
                     lp = lp.continue_token(t);
                 }
-                let page = match self.spec.api.list(&lp).await {
+                self.spec.limiter.until_ready().await;
+                let page = match api.list(&lp).await {
                     Ok(p) => p,
                     Err(e) if token.is_some() && is_gone(&e) => {
                         info!(stream = %self.spec.name, "continue token expired; restarting the list");
@@ -243,21 +384,7 @@ impl Reflector {
         }
     }
 
-    fn selectors(&self, mut lp: ListParams) -> ListParams {
-        if !self.spec.label_selector.is_empty() {
-            lp = lp.labels(&self.spec.label_selector);
-        }
-        if !self.spec.field_selector.is_empty() {
-            lp = lp.fields(&self.spec.field_selector);
-        }
-        lp
-    }
-
-    async fn watch(
-        &mut self,
-        mut rv: String,
-        tx: &mpsc::Sender<(usize, Change)>,
-    ) -> Result<Option<State>, ReflectorError> {
+    async fn watch(&mut self, mut rv: String) -> Result<Result<State, Closed>, ReflectorError> {
         let mut wp = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
         if !self.spec.label_selector.is_empty() {
             wp = wp.labels(&self.spec.label_selector);
@@ -266,17 +393,22 @@ impl Reflector {
             wp = wp.fields(&self.spec.field_selector);
         }
         let started = Instant::now();
-        let stream = match self.spec.api.watch(&wp, &rv).await {
+        self.spec.limiter.until_ready().await;
+        let stream = match self.target().api.watch(&wp, &rv).await {
             Ok(s) => s,
-            Err(e) if is_gone(&e) => return Ok(Some(self.relist_after_gone(&rv))),
+            Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                warn!(stream = %self.spec.name, "the kind is no longer served; rediscovering");
+                return Ok(Ok(State::WaitForKind));
+            }
             Err(e) => {
                 warn!(stream = %self.spec.name, error = %e, "watch request failed; re-watching after backoff");
-                return Ok(Some(State::Backoff { then: Box::new(State::Watching { rv }) }));
+                return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
             }
         };
         let mut stream = std::pin::pin!(stream);
         loop {
-            let item = match tokio::time::timeout(IDLE_TIMEOUT, stream.try_next()).await {
+            let event = match tokio::time::timeout(IDLE_TIMEOUT, stream.try_next()).await {
                 Err(_) => {
                     debug!(stream = %self.spec.name, "watch idle; re-watching");
                     break;
@@ -284,26 +416,27 @@ impl Reflector {
                 Ok(Ok(None)) => break,
                 Ok(Err(e)) => {
                     warn!(stream = %self.spec.name, error = %e, "watch stream failed; re-watching after backoff");
-                    return Ok(Some(State::Backoff { then: Box::new(State::Watching { rv }) }));
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
                 }
                 Ok(Ok(Some(ev))) => ev,
             };
-            let (verb, obj) = match item {
+            let (verb, obj) = match event {
                 WatchEvent::Added(o) => (Verb::Added, o),
                 WatchEvent::Modified(o) => (Verb::Modified, o),
                 WatchEvent::Deleted(o) => (Verb::Deleted, o),
                 WatchEvent::Bookmark(b) => {
                     rv = b.metadata.resource_version;
+                    if self.emit(Effect::Bookmark(rv.clone()), None).await.is_err() {
+                        return Ok(Err(Closed));
+                    }
                     continue;
                 }
-                WatchEvent::Error(status)
-                    if status.code == 410 || status.reason == "Expired" || status.reason == "Gone" =>
-                {
-                    return Ok(Some(self.relist_after_gone(&rv)));
+                WatchEvent::Error(s) if s.code == 410 || s.reason == "Expired" || s.reason == "Gone" => {
+                    return Ok(Ok(self.relist_after_gone(&rv)));
                 }
-                WatchEvent::Error(status) => {
-                    warn!(stream = %self.spec.name, code = status.code, reason = %status.reason, message = %status.message, "watch error event; re-watching after backoff");
-                    return Ok(Some(State::Backoff { then: Box::new(State::Watching { rv }) }));
+                WatchEvent::Error(s) => {
+                    warn!(stream = %self.spec.name, code = s.code, reason = %s.reason, message = %s.message, "watch error event; re-watching after backoff");
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
                 }
             };
             let Some((uid, entry)) = index_entry(&obj.metadata) else {
@@ -311,49 +444,33 @@ impl Reflector {
                 continue;
             };
             rv = entry.resource_version.clone();
-            match verb {
-                Verb::Deleted => {
-                    self.index.remove(&uid);
-                }
-                _ => {
-                    self.index.insert(uid, entry);
-                }
-            }
-            if tx.send((self.spec.tag, Change { verb, origin: Origin::Watch, object: obj })).await.is_err() {
-                return Ok(None);
+            let op = if verb == Verb::Deleted {
+                self.index.remove(&uid);
+                IndexOp::Remove(uid)
+            } else {
+                self.index.insert(uid.clone(), entry.clone());
+                IndexOp::Upsert(uid, entry)
+            };
+            let change = self.change(verb, Origin::Watch, obj);
+            if self.emit(Effect::Watched { op, rv: rv.clone() }, Some(change)).await.is_err() {
+                return Ok(Err(Closed));
             }
         }
         if started.elapsed() >= HEALTHY_AFTER {
             self.backoff = new_backoff();
         }
-        Ok(Some(State::Watching { rv }))
+        Ok(Ok(State::Watching { rv }))
     }
 
     fn relist_after_gone(&self, rv: &str) -> State {
-        info!(stream = %self.spec.name, resource_version = rv, "resourceVersion expired (410 Gone); relisting and diffing");
-        State::Listing { origin: Origin::Resync }
+        info!(stream = %self.spec.name, resource_version = rv, "resourceVersion no longer available (410 Gone); relisting and diffing");
+        State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } }
     }
+}
 
-    fn fatal_if_permanent(&self, e: &kube::Error) -> Result<(), ReflectorError> {
-        if let kube::Error::Api(status) = e {
-            match status.code {
-                403 => {
-                    return Err(ReflectorError::Forbidden {
-                        stream: self.spec.name.clone(),
-                        resource: self.spec.resource.plural.clone(),
-                        message: status.message.clone(),
-                    });
-                }
-                404 => {
-                    return Err(ReflectorError::NotFound {
-                        stream: self.spec.name.clone(),
-                        message: status.message.clone(),
-                    });
-                }
-                _ => {}
-            }
-        }
-        Ok(())
+impl Target {
+    fn api_resource(&self) -> ApiResource {
+        self.source.api_resource().clone()
     }
 }
 
@@ -367,8 +484,22 @@ fn new_backoff() -> ExponentialBackoff {
         .build()
 }
 
+fn gv_string(gvk: &GroupVersionKind) -> String {
+    if gvk.group.is_empty() { gvk.version.clone() } else { format!("{}/{}", gvk.group, gvk.version) }
+}
+
 fn is_gone(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 410)
+}
+
+/// "Too large resource version" (a lagging apiserver): relist with a consistent read.
+fn is_too_large(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 504 && s.message.contains("Too large resource version"))
+}
+
+/// The group/version is not served (404), or it is but without this kind.
+fn is_not_served(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404) || matches!(e, kube::Error::Discovery(_))
 }
 
 fn index_entry(meta: &ObjectMeta) -> Option<(String, IndexEntry)> {

@@ -252,19 +252,32 @@ events = ["added", "deleted"]
 
 #[tokio::test]
 async fn unknown_kind_or_group_is_a_clear_error_naming_the_resource() {
-    let mut kc = Kubecast::start("[[resources]]\napi_version = \"v1\"\nkind = \"Gizmo\"\n");
+    // missing_kind = "fail": a typo stops kubecast with the resource named.
+    let mut kc = Kubecast::start("[[resources]]\napi_version = \"v1\"\nkind = \"Gizmo\"\nmissing_kind = \"fail\"\n");
     let status = kc.wait_exit(WAIT).await;
     assert!(!status.success());
     let log = kc.log();
-    assert!(log.contains("resources[0]") && log.contains("Gizmo") && log.contains("not served"), "{log}");
+    assert!(log.contains("resources[0]") && log.contains("\"Gizmo\" is not served in \"v1\""), "{log}");
 
     let mut kc = Kubecast::start(
-        "[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n[[resources]]\napi_version = \"nope.example.com/v1\"\nkind = \"Thing\"\n",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n[[resources]]\napi_version = \"nope.example.com/v1\"\nkind = \"Thing\"\nmissing_kind = \"fail\"\n",
     );
     let status = kc.wait_exit(WAIT).await;
     assert!(!status.success());
     let log = kc.log();
-    assert!(log.contains("resources[1]") && log.contains("nope.example.com/v1"), "{log}");
+    assert!(log.contains("resources[1]") && log.contains("\"nope.example.com/v1\"") && log.contains("fix:"), "{log}");
+
+    // The default, missing_kind = "wait": the same error is logged, naming the resource, and
+    // kubecast keeps running, waiting for the kind to be served.
+    let mut kc = Kubecast::start("[[resources]]\napi_version = \"v1\"\nkind = \"Gizmo\"\n");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !kc.log().contains("waiting for it to be served") {
+        assert!(std::time::Instant::now() < deadline, "no waiting message:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = kc.log();
+    assert!(log.contains("resources[0]") && log.contains("Gizmo"), "{log}");
+    assert!(kc.stop().success(), "a waiting stream stops cleanly\n{}", kc.log());
 }
 
 #[tokio::test]
@@ -296,7 +309,7 @@ async fn forbidden_resource_is_a_clear_error_naming_the_resource() {
         &[("KUBECONFIG", path.to_str().unwrap())],
     );
     let status = kc.wait_exit(WAIT).await;
-    assert!(!status.success());
+    assert!(!status.success(), "{}", kc.log());
     let log = kc.log();
     assert!(log.contains("forbidden") && log.contains("configmaps") && log.contains(&ns.name), "{log}");
 }

@@ -101,35 +101,79 @@ pub fn bin() -> &'static str {
 }
 
 impl Kubecast {
-    /// Starts `kubecast run` with `config` (TOML without a `[sink]` table: the harness adds a
-    /// file sink) and the test apiserver's kubeconfig.
+    /// Starts `kubecast run` with `config` (TOML without `[sink]` and `[checkpoint]` tables:
+    /// the harness adds a file sink and a checkpoint dir in a fresh directory) and the test
+    /// apiserver's kubeconfig.
     pub fn start(config: &str) -> Self {
         Self::start_with(config, &[])
     }
 
     pub fn start_with(config: &str, extra_env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        Self::write_config(dir.path(), config, "");
+        Self::spawn_in(dir, extra_env)
+    }
+
+    /// Like `start`, with extra lines for the `[checkpoint]` table (e.g. flush_interval_ms).
+    pub fn start_with_checkpoint(config: &str, checkpoint: &str, extra_env: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::write_config(dir.path(), config, checkpoint);
+        Self::spawn_in(dir, extra_env)
+    }
+
+    fn write_config(dir: &Path, config: &str, checkpoint: &str) {
+        let full = format!(
+            "{config}\n[sink]\ntype = \"file\"\npath = \"{}\"\n\n[checkpoint]\ndir = \"{}\"\n{checkpoint}\n",
+            dir.join("events.jsonl").display(),
+            dir.join("state").display()
+        );
+        std::fs::write(dir.join("kubecast.toml"), full).unwrap();
+    }
+
+    /// Starts kubecast again on the same config, checkpoints and events file (which it
+    /// appends to), e.g. after `kill9`.
+    pub fn restart(&mut self, extra_env: &[(&str, &str)]) {
+        assert!(self.child.is_none(), "stop or kill it first");
+        self.child = Some(Self::spawn_child(self.dir.path(), extra_env));
+    }
+
+    fn spawn_in(dir: tempfile::TempDir, extra_env: &[(&str, &str)]) -> Self {
+        let child = Self::spawn_child(dir.path(), extra_env);
         let events_path = dir.path().join("events.jsonl");
         let stderr_path = dir.path().join("kubecast.log");
-        let full = format!(
-            "{config}\n[sink]\ntype = \"file\"\npath = \"{}\"\n\n[checkpoint]\ndir = \"{}\"\n",
-            events_path.display(),
-            dir.path().join("state").display()
-        );
-        let cfg_path = dir.path().join("kubecast.toml");
-        std::fs::write(&cfg_path, full).unwrap();
+        Self { child: Some(child), dir, events_path, stderr_path }
+    }
+
+    fn spawn_child(dir: &Path, extra_env: &[(&str, &str)]) -> Child {
         let mut cmd = Command::new(bin());
-        cmd.args(["run", "--config"]).arg(&cfg_path);
+        cmd.args(["run", "--config"]).arg(dir.join("kubecast.toml"));
         cmd.env("KUBECONFIG", kubeconfig()).env("RUST_LOG", "info,kubecast=debug");
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
-        let child = cmd
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr_path).unwrap())
-            .spawn()
-            .expect("spawn kubecast");
-        Self { child: Some(child), dir, events_path, stderr_path }
+        // Appends, so the log of every run of this instance is kept.
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("kubecast.log")).unwrap();
+        cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn kubecast")
+    }
+
+    /// kill -9: no shutdown, no final checkpoint.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The checkpoint files of this instance, parsed.
+    pub fn checkpoints(&self) -> Vec<Value> {
+        let dir = self.dir.path().join("state");
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).into_iter().flatten() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "json") {
+                out.push(serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap());
+            }
+        }
+        out
     }
 
     /// Every event emitted so far, parsed.

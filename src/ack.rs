@@ -1,0 +1,182 @@
+//! The acknowledgement path: per stream, an ordered watermark over the items the reflector
+//! emitted. Every item has a stream-local sequence number and the effect it has on the
+//! stream's checkpoint; the checkpoint is the result of applying the effects of the longest
+//! prefix of items that are *all* acknowledged (delivered by the sink, or dropped by a filter,
+//! or needing no delivery such as a bookmark). Acknowledgements may arrive out of order; the
+//! checkpoint never passes an unacknowledged item.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Index, IndexEntry, StreamKey};
+
+/// An index change carried by an item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IndexOp {
+    Upsert(String, IndexEntry),
+    Remove(String),
+}
+
+/// What acknowledging an item does to the checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// A live watch event: update the index, resume after `rv`.
+    Watched { op: IndexOp, rv: String },
+    /// An event derived by a relist-diff: update the index; the resume point moves only with
+    /// the list's [`Effect::Listed`].
+    Diffed(IndexOp),
+    /// A bookmark: resume after `rv`.
+    Bookmark(String),
+    /// A list (and its diff) is complete: the index is exactly `objects`, resume after `rv`.
+    Listed { rv: String, objects: Index },
+}
+
+impl Effect {
+    fn apply(self, cp: &mut Checkpoint) {
+        let op = match self {
+            Effect::Watched { op, rv } => {
+                cp.resource_version = Some(rv);
+                op
+            }
+            Effect::Diffed(op) => op,
+            Effect::Bookmark(rv) => {
+                cp.resource_version = Some(rv);
+                return;
+            }
+            Effect::Listed { rv, objects } => {
+                cp.resource_version = Some(rv);
+                cp.objects = objects;
+                return;
+            }
+        };
+        match op {
+            IndexOp::Upsert(uid, entry) => {
+                cp.objects.insert(uid, entry);
+            }
+            IndexOp::Remove(uid) => {
+                cp.objects.remove(&uid);
+            }
+        }
+    }
+}
+
+/// The ordered watermark of one stream.
+#[derive(Debug)]
+pub struct Watermark {
+    /// The next sequence number the contiguous acknowledged prefix waits for.
+    next: u64,
+    /// Acknowledged items after a gap.
+    ahead: BTreeMap<u64, Effect>,
+    committed: Checkpoint,
+    dirty: bool,
+}
+
+impl Watermark {
+    /// Starts from a loaded (or empty) checkpoint; the reflector numbers its items from 0.
+    pub fn new(start: Checkpoint) -> Self {
+        Self { next: 0, ahead: BTreeMap::new(), committed: start, dirty: false }
+    }
+
+    pub fn ack(&mut self, seq: u64, effect: Effect) {
+        if seq < self.next {
+            return; // already applied (defensive: an item is acknowledged once)
+        }
+        if seq > self.next {
+            self.ahead.insert(seq, effect);
+            return;
+        }
+        effect.apply(&mut self.committed);
+        self.next += 1;
+        while let Some(e) = self.ahead.remove(&self.next) {
+            e.apply(&mut self.committed);
+            self.next += 1;
+        }
+        self.dirty = true;
+    }
+
+    pub fn committed(&self) -> &Checkpoint {
+        &self.committed
+    }
+
+    /// Number of acknowledged items waiting behind an unacknowledged one.
+    pub fn waiting(&self) -> usize {
+        self.ahead.len()
+    }
+}
+
+/// A stream's watermark together with where it is persisted.
+#[derive(Debug)]
+pub struct StreamCheckpoint {
+    pub key: StreamKey,
+    store: CheckpointStore,
+    watermark: Mutex<Watermark>,
+}
+
+impl StreamCheckpoint {
+    /// Loads the stream's checkpoint (`None` inside when it has none yet).
+    pub fn load(store: CheckpointStore, key: StreamKey) -> Result<(Self, Option<Checkpoint>), CheckpointError> {
+        let loaded = store.load(&key)?;
+        let wm = Watermark::new(loaded.clone().unwrap_or_default());
+        Ok((Self { key, store, watermark: Mutex::new(wm) }, loaded))
+    }
+
+    pub fn ack(&self, seq: u64, effect: Effect) {
+        self.watermark.lock().expect("watermark lock").ack(seq, effect);
+    }
+
+    /// Writes the committed checkpoint if it changed since the last write.
+    pub fn persist_if_dirty(&self) -> Result<bool, CheckpointError> {
+        let bytes = {
+            let mut wm = self.watermark.lock().expect("watermark lock");
+            if !wm.dirty {
+                return Ok(false);
+            }
+            wm.dirty = false;
+            self.store.encode(&self.key, &wm.committed)
+        };
+        if let Err(e) = self.store.write(&self.key, &bytes) {
+            self.watermark.lock().expect("watermark lock").dirty = true;
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    pub fn committed(&self) -> Checkpoint {
+        self.watermark.lock().expect("watermark lock").committed().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(rv: &str) -> IndexEntry {
+        IndexEntry { namespace: Some("ns".into()), name: "n".into(), resource_version: rv.into() }
+    }
+
+    #[test]
+    fn checkpoint_never_passes_an_unacked_item() {
+        let mut wm = Watermark::new(Checkpoint::default());
+        wm.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
+        wm.ack(2, Effect::Bookmark("15".into()));
+        assert_eq!(wm.committed().resource_version, None, "item 0 is not acked yet");
+        assert_eq!(wm.waiting(), 2);
+        wm.ack(0, Effect::Watched { op: IndexOp::Upsert("a".into(), entry("10")), rv: "10".into() });
+        assert_eq!(wm.committed().resource_version.as_deref(), Some("15"));
+        assert_eq!(wm.committed().objects.len(), 2);
+        wm.ack(3, Effect::Watched { op: IndexOp::Remove("a".into()), rv: "16".into() });
+        assert_eq!(wm.committed().objects.len(), 1);
+        assert_eq!(wm.waiting(), 0);
+    }
+
+    #[test]
+    fn diffed_items_do_not_move_the_resume_point_until_the_list_is_done() {
+        let mut wm = Watermark::new(Checkpoint { resource_version: Some("5".into()), ..Default::default() });
+        wm.ack(0, Effect::Diffed(IndexOp::Upsert("a".into(), entry("20"))));
+        assert_eq!(wm.committed().resource_version.as_deref(), Some("5"));
+        let mut objects = Index::new();
+        objects.insert("a".into(), entry("20"));
+        wm.ack(1, Effect::Listed { rv: "21".into(), objects });
+        assert_eq!(wm.committed().resource_version.as_deref(), Some("21"));
+    }
+}
