@@ -48,11 +48,21 @@ pub struct ClusterConfig {
     /// Requests that may go at once above `qps` (e.g. starting many streams).
     #[serde(default = "default_burst")]
     pub burst: u32,
+    /// Server-side timeout of each watch request; the watch is then resumed from where it was
+    /// (no relist). kubecast also gives up on a watch silent for this long plus 5 s.
+    #[serde(default = "default_watch_timeout")]
+    pub watch_timeout_seconds: u32,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        Self { name: default_cluster_name(), kubeconfig: None, qps: default_qps(), burst: default_burst() }
+        Self {
+            name: default_cluster_name(),
+            kubeconfig: None,
+            qps: default_qps(),
+            burst: default_burst(),
+            watch_timeout_seconds: default_watch_timeout(),
+        }
     }
 }
 
@@ -62,6 +72,10 @@ fn default_qps() -> u32 {
 
 fn default_burst() -> u32 {
     40
+}
+
+fn default_watch_timeout() -> u32 {
+    290
 }
 
 fn default_cluster_name() -> String {
@@ -282,6 +296,13 @@ impl Config {
         }
         if self.cluster.burst == 0 {
             push("cluster.burst".into(), "must be at least 1".into(), "set e.g. burst = 40");
+        }
+        if !(1..=3600).contains(&self.cluster.watch_timeout_seconds) {
+            push(
+                "cluster.watch_timeout_seconds".into(),
+                format!("{} is out of range", self.cluster.watch_timeout_seconds),
+                "use 1 to 3600; the default is 290",
+            );
         }
         if self.checkpoint.flush_interval_ms == 0 {
             push(

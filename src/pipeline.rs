@@ -93,6 +93,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 label_selector: rc.label_selector.clone(),
                 field_selector: rc.field_selector.clone(),
                 page_size: rc.page_size,
+                watch_timeout_seconds: config.cluster.watch_timeout_seconds,
                 initial: rc.initial,
                 missing_kind: rc.missing_kind,
             };

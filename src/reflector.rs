@@ -26,7 +26,7 @@
 //!   until the stream's first list was acknowledged, `resync` after. With `initial = "now"`
 //!   the first list emits nothing. The list ends with an item that sets the checkpoint to the
 //!   *list's* resourceVersion and the new index.
-//! * `Watching` streams `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=290`;
+//! * `Watching` streams `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=..`;
 //!   starting from a checkpoint's rv this replays exactly the changes after it. Each event and
 //!   bookmark moves `rv`. The client has no read timeout, so each `next()` is bounded by an idle
 //!   timeout; a closed or idle stream re-watches the same rv at once (no relist).
@@ -58,10 +58,8 @@ use crate::config::{Initial, MissingKind, Verb};
 use crate::event::{Change, EventSource, Origin};
 use crate::kubeapi::ApiLimiter;
 
-/// Server-side watch timeout; the apiserver closes the watch cleanly after it.
-const WATCH_TIMEOUT_SECS: u32 = 290;
-/// Client-side idle timeout around each `next()`: the server timeout plus a margin.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(WATCH_TIMEOUT_SECS as u64 + 5);
+/// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
+const IDLE_MARGIN: Duration = Duration::from_secs(5);
 /// A watch that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(120);
 
@@ -83,6 +81,8 @@ pub struct StreamSpec {
     pub label_selector: String,
     pub field_selector: String,
     pub page_size: u32,
+    /// Server-side timeout of each watch request (`timeoutSeconds`).
+    pub watch_timeout_seconds: u32,
     pub initial: Initial,
     pub missing_kind: MissingKind,
 }
@@ -385,7 +385,8 @@ impl Reflector {
     }
 
     async fn watch(&mut self, mut rv: String) -> Result<Result<State, Closed>, ReflectorError> {
-        let mut wp = WatchParams::default().timeout(WATCH_TIMEOUT_SECS);
+        let mut wp = WatchParams::default().timeout(self.spec.watch_timeout_seconds);
+        let idle_timeout = Duration::from_secs(self.spec.watch_timeout_seconds.into()) + IDLE_MARGIN;
         if !self.spec.label_selector.is_empty() {
             wp = wp.labels(&self.spec.label_selector);
         }
@@ -408,7 +409,7 @@ impl Reflector {
         };
         let mut stream = std::pin::pin!(stream);
         loop {
-            let event = match tokio::time::timeout(IDLE_TIMEOUT, stream.try_next()).await {
+            let event = match tokio::time::timeout(idle_timeout, stream.try_next()).await {
                 Err(_) => {
                     debug!(stream = %self.spec.name, "watch idle; re-watching");
                     break;

@@ -32,6 +32,26 @@ pub fn env() -> &'static HashMap<String, String> {
     })
 }
 
+/// The env file of the compacting apiserver (`tests/env/compacting up`): watch cache off,
+/// etcd compaction every 5 s, so resource versions expire (410 Gone) within seconds.
+pub fn compacting_kubeconfig() -> String {
+    static KC: OnceLock<String> = OnceLock::new();
+    KC.get_or_init(|| {
+        let path = std::env::var("KUBECAST_COMPACTING_ENV_FILE").map(PathBuf::from).unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/kubecast-env-compacting/env")
+        });
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("{} is missing ({e}): run the suite with ./tests/run, or start it with tests/env/compacting up", path.display())
+        });
+        text.lines()
+            .find_map(|l| l.strip_prefix("KUBECONFIG="))
+            .unwrap_or_else(|| panic!("no KUBECONFIG in {}: is the compacting apiserver running?", path.display()))
+            .trim()
+            .to_string()
+    })
+    .clone()
+}
+
 pub fn env_var(key: &str) -> String {
     env()
         .get(key)
@@ -154,6 +174,11 @@ impl Kubecast {
         // Appends, so the log of every run of this instance is kept.
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("kubecast.log")).unwrap();
         cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn kubecast")
+    }
+
+    /// Sends a signal (e.g. "STOP", "CONT") to the running process.
+    pub fn signal(&self, sig: &str) {
+        unsafe_kill(self.child.as_ref().expect("running").id(), sig);
     }
 
     /// kill -9: no shutdown, no final checkpoint.
