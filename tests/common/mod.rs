@@ -37,11 +37,14 @@ pub fn env() -> &'static HashMap<String, String> {
 pub fn compacting_kubeconfig() -> String {
     static KC: OnceLock<String> = OnceLock::new();
     KC.get_or_init(|| {
-        let path = std::env::var("KUBECAST_COMPACTING_ENV_FILE").map(PathBuf::from).unwrap_or_else(|_| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("target/kubecast-env-compacting/env")
-        });
+        let path = std::env::var("KUBECAST_COMPACTING_ENV_FILE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/kubecast-env-compacting/env"));
         let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-            panic!("{} is missing ({e}): run the suite with ./tests/run, or start it with tests/env/compacting up", path.display())
+            panic!(
+                "{} is missing ({e}): run the suite with ./tests/run, or start it with tests/env/compacting up",
+                path.display()
+            )
         });
         text.lines()
             .find_map(|l| l.strip_prefix("KUBECONFIG="))

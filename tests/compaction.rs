@@ -1,0 +1,271 @@
+//! 410 Gone: resource versions that expired. Against the compacting apiserver (watch cache off,
+//! etcd compacted every 5 s) for relist-diff after a restart and while running, and against
+//! the default apiserver (watch cache on: it sends bookmarks) for quiet filtered streams.
+
+mod common;
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::{Kubecast, TestNamespace, about, verb};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const GRACE: Duration = Duration::from_millis(1500);
+
+fn cm_config(ns: &str, extra_cluster: &str) -> String {
+    format!(
+        "[cluster]\nname = \"e2e\"\n{extra_cluster}\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n"
+    )
+}
+
+async fn create_cms(client: &Client, ns: &str, names: &[String]) -> HashMap<String, (String, String)> {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let cm: ConfigMap =
+                    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}})).unwrap();
+                let c = api.create(&PostParams::default(), &cm).await.expect("create");
+                (name, (c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()))
+            }
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await
+}
+
+fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}{i:02}")).collect()
+}
+
+/// 100 changes: 30 updates (c00..c29), 20 deletes (c30..c49), 50 creates (n00..n49).
+/// Returns the ids of the updates and creates, and the uids of the deleted objects.
+async fn hundred_changes(
+    client: &Client,
+    ns: &str,
+    existing: &HashMap<String, (String, String)>,
+) -> (BTreeSet<String>, HashSet<String>) {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    let mut expected = BTreeSet::new();
+    for name in names("c", 0..30) {
+        let c = api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
+        expected.insert(format!("{}:{}:modified", c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()));
+    }
+    let mut deleted = HashSet::new();
+    for name in names("c", 30..50) {
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+        deleted.insert(existing[&name].0.clone());
+    }
+    for (_, (uid, rv)) in create_cms(client, ns, &names("n", 0..50)).await {
+        expected.insert(format!("{uid}:{rv}:added"));
+    }
+    (expected, deleted)
+}
+
+/// Waits until a watch from `rv` is answered with 410 Gone (in either shape).
+async fn wait_until_expired(api: &Api<ConfigMap>, rv: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let gone = match api.watch(&WatchParams::default().timeout(1), rv).await {
+            Err(kube::Error::Api(s)) => s.code == 410,
+            Err(e) => panic!("watch: {e}"),
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                matches!(stream.try_next().await, Ok(Some(WatchEvent::Error(s))) if s.code == 410)
+            }
+        };
+        if gone {
+            return;
+        }
+        assert!(Instant::now() < deadline, "resourceVersion {rv} never expired");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn checkpoint_rv(kc: &Kubecast) -> Option<String> {
+    let cps = kc.checkpoints();
+    cps.first().and_then(|c| c["resource_version"].as_str().map(String::from))
+}
+
+/// Asserts that `after` holds exactly the expected changes (repeats only with the same id),
+/// nothing for `untouched`, and returns them.
+fn assert_exact_changes(
+    after: &[Value],
+    expected: &BTreeSet<String>,
+    deleted: &HashSet<String>,
+    ns: &str,
+    untouched: &[String],
+) {
+    let got: BTreeSet<String> =
+        after.iter().filter(|e| verb(e) != "deleted").map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(&got, expected, "added/modified after the gap:\n{}", common::pretty(after));
+    let got_deleted: HashSet<String> = after
+        .iter()
+        .filter(|e| verb(e) == "deleted")
+        .map(|e| e["partitionkey"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(&got_deleted, deleted, "deletes made during the gap");
+    for name in untouched {
+        assert!(about(after, &format!("{ns}/{name}")).is_empty(), "unchanged {name} was emitted again");
+    }
+}
+
+#[tokio::test]
+async fn resume_after_compaction_relists_and_diffs_every_create_update_and_delete() {
+    let kubeconfig = common::compacting_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "gone").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let existing = create_cms(&client, &ns.name, &names("c", 0..60)).await;
+
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let mut kc = Kubecast::start_with_checkpoint(&cm_config(&ns.name, ""), "flush_interval_ms = 100", &env);
+    kc.wait_for("snapshot", WAIT, |e| e.len() == 60).await;
+    let deadline = Instant::now() + WAIT;
+    while checkpoint_rv(&kc).is_none() {
+        assert!(Instant::now() < deadline, "no checkpoint written\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rv = checkpoint_rv(&kc).unwrap();
+    let n_before = kc.events().len();
+    kc.kill9();
+
+    let (expected, deleted) = hundred_changes(&client, &ns.name, &existing).await;
+    wait_until_expired(&api, &rv).await;
+
+    kc.restart(&env);
+    kc.wait_for("the resync", WAIT, |e| e.len() >= n_before + 100).await;
+    tokio::time::sleep(GRACE).await;
+    let all = kc.events();
+    let after = &all[n_before..];
+    assert_eq!(after.len(), 100, "exactly the 100 changes:\n{}", common::pretty(after));
+    assert!(after.iter().all(|e| e["origin"] == "resync"), "{}", common::pretty(after));
+    assert_exact_changes(after, &expected, &deleted, &ns.name, &names("c", 50..60));
+    // A resync delete carries the last known identity.
+    let d = after.iter().find(|e| verb(e) == "deleted").unwrap();
+    assert!(d["subject"].as_str().unwrap().starts_with(&format!("{}/c", ns.name)));
+    assert_eq!(d["data"]["metadata"]["uid"], d["partitionkey"]);
+    assert!(kc.log().contains("410 Gone"), "{}", kc.log());
+    assert!(kc.stop().success());
+
+    // And the checkpoint now resumes cleanly: a restart emits nothing.
+    let n = kc.events().len();
+    kc.restart(&env);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(kc.events().len(), n, "nothing re-emitted after the resync was checkpointed");
+    assert!(kc.stop().success());
+}
+
+#[tokio::test]
+async fn a_410_while_running_relists_and_diffs_without_duplicating_unchanged_objects() {
+    let kubeconfig = common::compacting_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "gone-live").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let existing = create_cms(&client, &ns.name, &names("c", 0..60)).await;
+
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    // Short server-side watch timeout: the watch ends while kubecast is frozen.
+    let mut kc = Kubecast::start_with(&cm_config(&ns.name, "watch_timeout_seconds = 2"), &env);
+    kc.wait_for("snapshot", WAIT, |e| e.len() == 60).await;
+    let last = api.patch("c59", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "seen"}}))).await.unwrap();
+    let last_rv = last.metadata.resource_version.unwrap();
+    kc.wait_for("c59 modified", WAIT, |e| e.len() == 61).await;
+
+    kc.signal("STOP");
+    tokio::time::sleep(Duration::from_secs(4)).await; // the frozen watch times out server-side
+    let (expected, deleted) = hundred_changes(&client, &ns.name, &existing).await;
+    wait_until_expired(&api, &last_rv).await;
+    kc.signal("CONT");
+
+    kc.wait_for("the resync", WAIT, |e| e.len() >= 161).await;
+    tokio::time::sleep(GRACE).await;
+    let all = kc.events();
+    let after = &all[61..];
+    assert_eq!(after.len(), 100, "exactly the 100 changes:\n{}", common::pretty(after));
+    assert!(after.iter().all(|e| e["origin"] == "resync"), "{}", common::pretty(after));
+    let mut untouched = names("c", 50..59);
+    untouched.push("c59".into());
+    assert_exact_changes(after, &expected, &deleted, &ns.name, &untouched);
+    assert!(kc.log().contains("410 Gone"), "{}", kc.log());
+    assert!(kc.stop().success());
+}
+
+/// A stream whose selector matches nothing, on a resource that keeps changing elsewhere, lives
+/// longer than the apiserver's history of its list's resourceVersion; bookmarks keep moving its
+/// checkpoint, so a restart resumes without a relist. (Default apiserver: with its watch cache
+/// on, it sends a bookmark about every minute; the cache keeps ~75 s of history.)
+#[tokio::test]
+async fn a_quiet_filtered_stream_keeps_its_checkpoint_fresh_through_bookmarks() {
+    let client = common::client().await;
+    let quiet = TestNamespace::new(&client, "quiet").await;
+    let busy = TestNamespace::new(&client, "busy").await;
+    let mut kc = Kubecast::start_with_checkpoint(
+        &format!(
+            "[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\nlabel_selector = \"never=matches\"\n",
+            quiet.name
+        ),
+        "flush_interval_ms = 100",
+        &[],
+    );
+    let deadline = Instant::now() + WAIT;
+    while checkpoint_rv(&kc).is_none() {
+        assert!(Instant::now() < deadline, "no checkpoint\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let list_rv = checkpoint_rv(&kc).unwrap();
+
+    // Churn on the same resource elsewhere until the list's resourceVersion is out of the
+    // watch cache's history (and the stream has had time for bookmarks).
+    let busy_api = Api::<ConfigMap>::namespaced(client.clone(), &busy.name);
+    create_cms(&client, &busy.name, &names("b", 0..20)).await;
+    let quiet_api = Api::<ConfigMap>::namespaced(client.clone(), &quiet.name);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let mut round = 0u64;
+    loop {
+        for name in names("b", 0..20) {
+            busy_api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"r": round.to_string()}})))
+                .await
+                .unwrap();
+        }
+        round += 1;
+        let expired = {
+            match quiet_api.watch(&WatchParams::default().timeout(1), &list_rv).await {
+                Err(kube::Error::Api(s)) => s.code == 410,
+                Err(e) => panic!("{e}"),
+                Ok(s) => {
+                    let mut s = std::pin::pin!(s);
+                    matches!(s.try_next().await, Ok(Some(WatchEvent::Error(st))) if st.code == 410)
+                }
+            }
+        };
+        if expired && checkpoint_rv(&kc).as_deref() != Some(list_rv.as_str()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "list rv never expired or no bookmark arrived\n{}", kc.log());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert!(kc.events().is_empty(), "the filter drops everything");
+    let bookmark_rv = checkpoint_rv(&kc).unwrap();
+    assert_ne!(bookmark_rv, list_rv, "bookmarks moved the checkpoint");
+    kc.kill9();
+    kc.restart(&[]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !kc.log().contains("resuming from checkpoint") {
+        assert!(Instant::now() < deadline, "{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = kc.log();
+    assert!(!log.contains("relisting"), "resumed from the bookmark without a relist:\n{log}");
+    assert!(kc.events().is_empty());
+    assert!(kc.stop().success());
+}
