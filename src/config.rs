@@ -52,6 +52,14 @@ pub struct ClusterConfig {
     /// (no relist). kubecast also gives up on a watch silent for this long plus 5 s.
     #[serde(default = "default_watch_timeout")]
     pub watch_timeout_seconds: u32,
+    /// Read the initial state with streaming lists (`sendInitialEvents`) where the apiserver
+    /// supports them, falling back to paginated lists; `false`: always paginated lists.
+    #[serde(default = "default_true")]
+    pub streaming_lists: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl Default for ClusterConfig {
@@ -62,6 +70,7 @@ impl Default for ClusterConfig {
             qps: default_qps(),
             burst: default_burst(),
             watch_timeout_seconds: default_watch_timeout(),
+            streaming_lists: true,
         }
     }
 }

@@ -96,6 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 watch_timeout_seconds: config.cluster.watch_timeout_seconds,
                 initial: rc.initial,
                 missing_kind: rc.missing_kind,
+                streaming_lists: config.cluster.streaming_lists,
             };
             reflectors.push(Reflector::new(spec, loaded, tx.clone()));
             streams.push(Stream { resource: rc.clone(), checkpoint: Arc::new(checkpoint) });

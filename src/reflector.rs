@@ -18,9 +18,14 @@
 //!
 //! * `Discover` resolves the kind by discovery. Not served: `WaitForKind` (rediscovers with
 //!   backoff; `missing_kind = "fail"` makes it fatal instead).
-//! * `Listing` pages through a consistent LIST (resourceVersion unset, `limit = page_size`; an
-//!   expired continue token restarts the list, because the token offered with the 410 gives an
-//!   inconsistent list). The result is diffed against the index: new uid -> `added`, changed
+//! * `Listing` reads the current state with a consistent read: a streaming list
+//!   (`watch?sendInitialEvents=true&resourceVersionMatch=NotOlderThan`, whose initial state
+//!   ends with a bookmark annotated `k8s.io/initial-events-end`, after which the same
+//!   connection goes on as the watch), or, where the apiserver rejects that (WatchList gate
+//!   off, e.g. 1.33), a paginated LIST (resourceVersion unset, `limit = page_size`; an expired
+//!   continue token restarts the list, because the token offered with the 410 gives an
+//!   inconsistent list). Objects are diffed one by one as they arrive (never all held at
+//!   once) against the index: new uid -> `added`, changed
 //!   resourceVersion -> `modified`, uid missing from the list -> `deleted` with the last known
 //!   uid, namespace, name and resourceVersion, unchanged -> nothing. `origin` is `snapshot`
 //!   until the stream's first list was acknowledged, `resync` after. With `initial = "now"`
@@ -40,6 +45,7 @@
 //! returns an error): the resource is forbidden (403) on the first list, or is missing with
 //! `missing_kind = "fail"`, or `namespaces` is set for a cluster-scoped kind.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -60,6 +66,8 @@ use crate::kubeapi::ApiLimiter;
 
 /// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
+/// Annotation of the bookmark that ends a streaming list's initial state.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// A watch that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(120);
 
@@ -85,6 +93,8 @@ pub struct StreamSpec {
     pub watch_timeout_seconds: u32,
     pub initial: Initial,
     pub missing_kind: MissingKind,
+    /// Try streaming lists first (falling back to paginated lists when rejected).
+    pub streaming_lists: bool,
 }
 
 /// One unit the reflector hands to the pipeline. `change` is `None` for items that only move
@@ -133,9 +143,21 @@ pub struct Reflector {
     /// Whether a list of this stream was ever completed (here or before a restart).
     listed_once: bool,
     state: State,
+    /// Whether the apiserver accepts streaming lists: unknown until tried.
+    streaming: Option<bool>,
     seq: u64,
     backoff: ExponentialBackoff,
     tx: mpsc::Sender<Item>,
+}
+
+/// The progress of one list (paginated or streaming) being diffed against the index.
+struct ListDiff {
+    origin: Origin,
+    /// `initial = "now"` on the first list: index, but emit nothing.
+    silent: bool,
+    /// Uids the list contained so far.
+    seen: HashSet<String>,
+    emitted: usize,
 }
 
 /// The receiver is gone: the pipeline is shutting down.
@@ -144,6 +166,7 @@ struct Closed;
 impl Reflector {
     pub fn new(spec: StreamSpec, start: Option<Checkpoint>, tx: mpsc::Sender<Item>) -> Self {
         let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
+        let streaming = if spec.streaming_lists { None } else { Some(false) };
         let (resume, index) = match start {
             Some(cp) => (cp.resource_version, cp.objects),
             None => (None, Index::new()),
@@ -155,6 +178,7 @@ impl Reflector {
             resume,
             listed_once,
             state: State::Discover,
+            streaming,
             seq: 0,
             backoff: new_backoff(),
             tx,
@@ -267,66 +291,69 @@ impl Reflector {
 
     async fn list_and_diff(&mut self, origin: Origin) -> Result<Result<State, Closed>, ReflectorError> {
         let started = Instant::now();
-        let (items, list_rv) = match self.list_all().await {
-            Ok(v) => v,
+        let mut diff = ListDiff {
+            origin,
+            silent: !self.listed_once && self.spec.initial == Initial::Now,
+            seen: HashSet::new(),
+            emitted: 0,
+        };
+        if self.streaming != Some(false) {
+            return self.streaming_list(diff, started).await;
+        }
+        let list_rv = match self.paginated_list(&mut diff).await {
+            Ok(Ok(rv)) => rv,
+            Ok(Err(Closed)) => return Ok(Err(Closed)),
             Err(e) => return Ok(Ok(self.after_list_error(e, origin)?)),
         };
-        let silent = !self.listed_once && self.spec.initial == Initial::Now;
-        let mut fresh = Index::with_capacity(items.len());
-        let mut emitted = 0usize;
-        for obj in items {
-            let Some((uid, entry)) = index_entry(&obj.metadata) else {
-                warn!(stream = %self.spec.name, "listed object without uid/name/resourceVersion skipped");
-                continue;
-            };
-            let verb = match self.index.get(&uid) {
-                None => Verb::Added,
-                Some(old) if old.resource_version != entry.resource_version => Verb::Modified,
-                Some(_) => {
-                    fresh.insert(uid, entry);
-                    continue;
-                }
-            };
-            fresh.insert(uid.clone(), entry.clone());
-            if silent {
-                continue;
-            }
-            emitted += 1;
-            let change = self.change(verb, origin, obj);
-            if self.emit(Effect::Diffed(IndexOp::Upsert(uid, entry)), Some(change)).await.is_err() {
-                return Ok(Err(Closed));
-            }
-        }
-        // Objects the stream delivered that are gone now: deleted while it was not watching.
-        let gone: Vec<(String, IndexEntry)> = self
-            .index
-            .iter()
-            .filter(|(uid, _)| !fresh.contains_key(*uid))
-            .map(|(u, e)| (u.clone(), e.clone()))
-            .collect();
-        for (uid, entry) in gone {
-            emitted += 1;
-            let object = tombstone(&self.target().api_resource(), &uid, &entry);
-            let change = self.change(Verb::Deleted, Origin::Resync, object);
-            if self.emit(Effect::Diffed(IndexOp::Remove(uid)), Some(change)).await.is_err() {
-                return Ok(Err(Closed));
-            }
-        }
-        info!(
-            stream = %self.spec.name,
-            objects = fresh.len(),
-            events = emitted,
-            origin = origin.as_str(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "list complete; watching"
-        );
-        self.index = fresh;
-        self.listed_once = true;
-        let done = Effect::Listed { rv: list_rv.clone(), objects: self.index.clone() };
-        if self.emit(done, None).await.is_err() {
+        if self.finish_diff(diff, list_rv.clone(), started, "paginated").await.is_err() {
             return Ok(Err(Closed));
         }
         Ok(Ok(State::Watching { rv: list_rv }))
+    }
+
+    /// Diffs one listed object against the index and emits its change, if any.
+    async fn diff_item(&mut self, diff: &mut ListDiff, obj: DynamicObject) -> Result<(), Closed> {
+        let Some((uid, entry)) = index_entry(&obj.metadata) else {
+            warn!(stream = %self.spec.name, "listed object without uid/name/resourceVersion skipped");
+            return Ok(());
+        };
+        diff.seen.insert(uid.clone());
+        let verb = match self.index.get(&uid) {
+            None => Verb::Added,
+            Some(old) if old.resource_version != entry.resource_version => Verb::Modified,
+            Some(_) => return Ok(()),
+        };
+        self.index.insert(uid.clone(), entry.clone());
+        if diff.silent {
+            return Ok(());
+        }
+        diff.emitted += 1;
+        let change = self.change(verb, diff.origin, obj);
+        self.emit(Effect::Diffed(IndexOp::Upsert(uid, entry)), Some(change)).await
+    }
+
+    /// After the last listed object: objects the index has but the list had not were deleted
+    /// while the stream was not watching. Then the item that moves the checkpoint to `rv`.
+    async fn finish_diff(&mut self, diff: ListDiff, rv: String, started: Instant, mode: &str) -> Result<(), Closed> {
+        let gone: Vec<String> = self.index.keys().filter(|uid| !diff.seen.contains(*uid)).cloned().collect();
+        let deleted = gone.len();
+        for uid in gone {
+            let entry = self.index.remove(&uid).expect("listed from the index");
+            let object = tombstone(self.target().source.api_resource(), &uid, &entry);
+            let change = self.change(Verb::Deleted, Origin::Resync, object);
+            self.emit(Effect::Diffed(IndexOp::Remove(uid)), Some(change)).await?;
+        }
+        info!(
+            stream = %self.spec.name,
+            objects = self.index.len(),
+            events = diff.emitted + deleted,
+            origin = diff.origin.as_str(),
+            mode,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "list complete; watching"
+        );
+        self.listed_once = true;
+        self.emit(Effect::Listed { rv, objects: self.index.clone() }, None).await
     }
 
     fn after_list_error(&self, e: kube::Error, origin: Origin) -> Result<State, ReflectorError> {
@@ -335,7 +362,7 @@ impl Reflector {
                 return Err(ReflectorError::Forbidden {
                     index: self.spec.resource_index,
                     stream: self.spec.name.clone(),
-                    resource: self.target().api_resource().plural,
+                    resource: self.target().source.api_resource().plural.clone(),
                     message: s.message.clone(),
                 });
             }
@@ -349,50 +376,132 @@ impl Reflector {
         Ok(State::Backoff { then: Box::new(State::Listing { origin }) })
     }
 
-    /// A consistent, paginated LIST. A 410 on a continue token restarts from the first page.
-    async fn list_all(&self) -> Result<(Vec<DynamicObject>, String), kube::Error> {
-        let api = &self.target().api;
-        'restart: loop {
-            let mut items = Vec::new();
-            let mut token: Option<String> = None;
-            loop {
-                let mut lp = ListParams::default().limit(self.spec.page_size);
-                if !self.spec.label_selector.is_empty() {
-                    lp = lp.labels(&self.spec.label_selector);
+    /// A consistent, paginated LIST, diffed page by page (objects are not all held at once).
+    /// A 410 on a continue token restarts from the first page. Returns the list's
+    /// resourceVersion.
+    async fn paginated_list(&mut self, diff: &mut ListDiff) -> Result<Result<String, Closed>, kube::Error> {
+        let api = self.target().api.clone();
+        let mut token: Option<String> = None;
+        loop {
+            let mut lp = ListParams::default().limit(self.spec.page_size);
+            if !self.spec.label_selector.is_empty() {
+                lp = lp.labels(&self.spec.label_selector);
+            }
+            if !self.spec.field_selector.is_empty() {
+                lp = lp.fields(&self.spec.field_selector);
+            }
+            if let Some(t) = &token {
+                lp = lp.continue_token(t);
+            }
+            self.spec.limiter.until_ready().await;
+            let page = match api.list(&lp).await {
+                Ok(p) => p,
+                Err(e) if token.is_some() && is_gone(&e) => {
+                    info!(stream = %self.spec.name, "continue token expired; restarting the list");
+                    token = None;
+                    diff.seen.clear();
+                    continue;
                 }
-                if !self.spec.field_selector.is_empty() {
-                    lp = lp.fields(&self.spec.field_selector);
+                Err(e) => return Err(e),
+            };
+            for obj in page.items {
+                if self.diff_item(diff, obj).await.is_err() {
+                    return Ok(Err(Closed));
                 }
-                if let Some(t) = &token {
-                    lp = lp.continue_token(t);
-                }
-                self.spec.limiter.until_ready().await;
-                let page = match api.list(&lp).await {
-                    Ok(p) => p,
-                    Err(e) if token.is_some() && is_gone(&e) => {
-                        info!(stream = %self.spec.name, "continue token expired; restarting the list");
-                        continue 'restart;
-                    }
-                    Err(e) => return Err(e),
-                };
-                items.extend(page.items);
-                match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                    Some(next) => token = Some(next),
-                    None => return Ok((items, page.metadata.resource_version.unwrap_or_default())),
-                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(Ok(page.metadata.resource_version.unwrap_or_default())),
             }
         }
     }
 
-    async fn watch(&mut self, mut rv: String) -> Result<Result<State, Closed>, ReflectorError> {
+    fn watch_params(&self) -> WatchParams {
         let mut wp = WatchParams::default().timeout(self.spec.watch_timeout_seconds);
-        let idle_timeout = Duration::from_secs(self.spec.watch_timeout_seconds.into()) + IDLE_MARGIN;
         if !self.spec.label_selector.is_empty() {
             wp = wp.labels(&self.spec.label_selector);
         }
         if !self.spec.field_selector.is_empty() {
             wp = wp.fields(&self.spec.field_selector);
         }
+        wp
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.spec.watch_timeout_seconds.into()) + IDLE_MARGIN
+    }
+
+    /// A streaming list (`sendInitialEvents`, consistent read): the current objects arrive as
+    /// ADDED events, then a bookmark marks the end of the initial state; the same connection
+    /// then goes on as a normal watch. A server that rejects it switches the stream to
+    /// paginated lists for good.
+    async fn streaming_list(
+        &mut self,
+        mut diff: ListDiff,
+        started: Instant,
+    ) -> Result<Result<State, Closed>, ReflectorError> {
+        let mut wp = self.watch_params();
+        wp.send_initial_events = true;
+        self.spec.limiter.until_ready().await;
+        let stream = match self.target().api.watch(&wp, "").await {
+            Ok(s) => s,
+            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
+                info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
+                self.streaming = Some(false);
+                return Ok(Ok(State::Listing { origin: diff.origin }));
+            }
+            Err(e) => return Ok(Ok(self.after_list_error(e, diff.origin)?)),
+        };
+        let mut stream = std::pin::pin!(stream);
+        let idle = self.idle_timeout();
+        loop {
+            let event = match tokio::time::timeout(idle, stream.try_next()).await {
+                Ok(Ok(Some(ev))) => ev,
+                Err(_) | Ok(Ok(None)) => {
+                    warn!(stream = %self.spec.name, "streaming list ended before its initial state was complete; listing again");
+                    return Ok(Ok(State::Listing { origin: diff.origin }));
+                }
+                Ok(Err(e)) => {
+                    warn!(stream = %self.spec.name, error = %e, "streaming list failed; listing again after backoff");
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: diff.origin }) }));
+                }
+            };
+            match event {
+                WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                    if self.diff_item(&mut diff, obj).await.is_err() {
+                        return Ok(Err(Closed));
+                    }
+                }
+                WatchEvent::Bookmark(b)
+                    if b.metadata.annotations.get(INITIAL_EVENTS_END).is_some_and(|v| v == "true") =>
+                {
+                    self.streaming = Some(true);
+                    let rv = b.metadata.resource_version;
+                    if self.finish_diff(diff, rv.clone(), started, "streaming").await.is_err() {
+                        return Ok(Err(Closed));
+                    }
+                    return self.consume_watch(stream, rv, Instant::now()).await;
+                }
+                WatchEvent::Bookmark(_) => {}
+                WatchEvent::Deleted(_) => {
+                    warn!(stream = %self.spec.name, "DELETED during a streaming list's initial state; listing again");
+                    return Ok(Ok(State::Listing { origin: diff.origin }));
+                }
+                WatchEvent::Error(s) if s.code == 422 || s.code == 400 => {
+                    info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
+                    self.streaming = Some(false);
+                    return Ok(Ok(State::Listing { origin: diff.origin }));
+                }
+                WatchEvent::Error(s) => {
+                    warn!(stream = %self.spec.name, code = s.code, message = %s.message, "streaming list error; listing again after backoff");
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: diff.origin }) }));
+                }
+            }
+        }
+    }
+
+    async fn watch(&mut self, rv: String) -> Result<Result<State, Closed>, ReflectorError> {
+        let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
         let stream = match self.target().api.watch(&wp, &rv).await {
@@ -407,9 +516,22 @@ impl Reflector {
                 return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
             }
         };
-        let mut stream = std::pin::pin!(stream);
+        self.consume_watch(std::pin::pin!(stream), rv, started).await
+    }
+
+    /// Reads watch events until the stream ends, fails, goes idle or says 410.
+    async fn consume_watch<S>(
+        &mut self,
+        mut stream: std::pin::Pin<&mut S>,
+        mut rv: String,
+        started: Instant,
+    ) -> Result<Result<State, Closed>, ReflectorError>
+    where
+        S: futures::Stream<Item = Result<WatchEvent<DynamicObject>, kube::Error>>,
+    {
+        let idle = self.idle_timeout();
         loop {
-            let event = match tokio::time::timeout(idle_timeout, stream.try_next()).await {
+            let event = match tokio::time::timeout(idle, stream.try_next()).await {
                 Err(_) => {
                     debug!(stream = %self.spec.name, "watch idle; re-watching");
                     break;
@@ -466,12 +588,6 @@ impl Reflector {
     fn relist_after_gone(&self, rv: &str) -> State {
         info!(stream = %self.spec.name, resource_version = rv, "resourceVersion no longer available (410 Gone); relisting and diffing");
         State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } }
-    }
-}
-
-impl Target {
-    fn api_resource(&self) -> ApiResource {
-        self.source.api_resource().clone()
     }
 }
 

@@ -91,6 +91,7 @@ async fn configmap_create_modify_delete_gives_exactly_three_events_with_the_cont
 
     let status = kc.stop();
     assert!(status.success(), "SIGTERM is a clean exit, got {status}\n{}", kc.log());
+    assert!(kc.log().contains("mode=\"streaming\""), "this apiserver serves streaming lists:\n{}", kc.log());
 }
 
 const CRD_GROUP: &str = "e2e.kubecast.io";
