@@ -10,7 +10,10 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::delivery::DeliveryConfig;
 use crate::selector;
+use crate::sink::kafka::KafkaConfig;
+use crate::sink::template::Template;
 
 /// The configuration used when `--config` is not given (also the demo's).
 pub const EMBEDDED_DEFAULTS: &str = include_str!("../config/default.toml");
@@ -28,6 +31,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     #[serde(default)]
     pub sink: SinkConfig,
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
     #[serde(default)]
     pub resources: Vec<ResourceConfig>,
 }
@@ -144,6 +149,9 @@ pub struct SinkConfig {
     /// For `type = "file"`: the JSON-lines file events are appended to.
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// For `type = "kafka"`.
+    #[serde(default)]
+    pub kafka: Option<KafkaConfig>,
 }
 
 /// A change verb as configured in `events` and used in CloudEvent types.
@@ -194,6 +202,12 @@ pub struct ResourceConfig {
     /// starts the stream when it appears; `fail` stops kubecast with an error.
     #[serde(default)]
     pub missing_kind: MissingKind,
+    /// This resource's destination template, overriding the sink's (`[sink.kafka] topic`).
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// This resource's own events-per-second limit, within `[delivery] rate_per_second`.
+    #[serde(default)]
+    pub rate_per_second: Option<u32>,
 }
 
 fn default_page_size() -> u32 {
@@ -334,12 +348,32 @@ impl Config {
                 format!("is only used by sink.type = \"file\", but sink.type = \"{}\"", self.sink.kind),
                 "remove sink.path, or set sink.type = \"file\"",
             ),
-            SinkType::Kafka | SinkType::Nats => push(
+            SinkType::Nats => push(
                 "sink.type".into(),
                 format!("\"{}\" is not available in this version yet", self.sink.kind),
-                "use \"stdout\" or \"file\"",
+                "use \"stdout\", \"file\" or \"kafka\"",
+            ),
+            SinkType::Kafka if self.sink.kafka.is_none() => push(
+                "sink.kafka".into(),
+                "is required when sink.type = \"kafka\"".into(),
+                "add a [sink.kafka] table with at least brokers = \"host:9092\"",
             ),
             _ => {}
+        }
+        if let Some(k) = &self.sink.kafka {
+            if self.sink.kind != SinkType::Kafka {
+                push(
+                    "sink.kafka".into(),
+                    format!("is only used by sink.type = \"kafka\", but sink.type = \"{}\"", self.sink.kind),
+                    "remove [sink.kafka], or set sink.type = \"kafka\"",
+                );
+            }
+            for (key, message, fix) in k.problems() {
+                push(key, message, &fix);
+            }
+        }
+        for (key, message, fix) in self.delivery.problems(self.sink.kind == SinkType::Kafka) {
+            push(key, message, &fix);
         }
         if self.resources.is_empty() {
             push(
@@ -405,6 +439,14 @@ impl Config {
                     "use 1 to 100000; the default is 500",
                 );
             }
+            if let Some(t) = &r.topic {
+                if let Err(e) = Template::parse(t) {
+                    push(key("topic"), e, "use a template like \"kubecast.{cluster}.{resource}\"");
+                }
+            }
+            if r.rate_per_second == Some(0) {
+                push(key("rate_per_second"), "must be at least 1".into(), "remove it for no per-resource limit");
+            }
             if r.events.is_empty() {
                 push(
                     key("events"),
@@ -430,9 +472,10 @@ impl Config {
                 format!("{} ({scope})", r.describe())
             })
             .collect();
-        let sink = match (&self.sink.kind, &self.sink.path) {
-            (SinkType::File, Some(p)) => format!("file {}", p.display()),
-            (k, _) => k.to_string(),
+        let sink = match (&self.sink.kind, &self.sink.path, &self.sink.kafka) {
+            (SinkType::File, Some(p), _) => format!("file {}", p.display()),
+            (SinkType::Kafka, _, Some(k)) => format!("kafka {} topic {}", k.brokers, k.topic),
+            (k, _, _) => k.to_string(),
         };
         format!(
             "config OK: cluster {:?}, sink {sink}, {} resource(s): {}",

@@ -4,6 +4,7 @@ pub mod ack;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
+pub mod delivery;
 pub mod event;
 pub mod kubeapi;
 pub mod pipeline;

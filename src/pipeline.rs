@@ -1,18 +1,21 @@
 //! Wires the data flow for `kubecast run`:
 //!
 //! ```text
-//! config -> reflector per stream -> [bounded channel] -> events filter -> CloudEvent -> sink
-//!                                                                                     |
-//!              checkpoint files <- persister <- watermark per stream <- ack <---------+
+//! config -> reflector per stream -> [channel] -> shaping (events filter, CloudEvent)
+//!        -> [channel] -> outbound queue (order, rate limit, retry, dead letter) -> sink
+//!                                                                                   |
+//!            checkpoint files <- persister <- watermark per stream <- ack <---------+
 //! ```
 //!
 //! Every item a reflector emits is acknowledged exactly once: after the sink accepted its
-//! event, or at once when the `events` filter drops it or it carries no change (bookmarks, end
-//! of a list). Only acknowledged items move a stream's checkpoint (see `ack.rs`). When the sink
-//! is slow the channel fills and the reflectors stop reading their watches (backpressure).
+//! event (or it went to the dead letter), or at once when the `events` filter drops it or it
+//! carries no change (bookmarks, end of a list). Only acknowledged items move a stream's
+//! checkpoint (see `ack.rs`). All channels are bounded: when the sink is slow they fill and the
+//! reflectors stop reading their watches (backpressure).
 //!
-//! Shutdown (the token fires): the reflectors stop, the sink delivers what is already in the
-//! channel, then every stream's final checkpoint is written.
+//! Shutdown (the token fires): the reflectors stop, the queue delivers what it already took
+//! (within `[delivery] shutdown_timeout_seconds`), the producer is flushed, then every stream's
+//! final checkpoint is written.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,14 +26,22 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use std::num::NonZeroU32;
+
+use governor::{Quota, RateLimiter};
+
 use crate::ack::StreamCheckpoint;
 use crate::checkpoint::{CheckpointError, CheckpointStore, StreamKey};
 use crate::config::{Config, ResourceConfig};
+use crate::delivery::dead_letter::DeadLetter;
+use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
+use crate::delivery::retry::RetryPolicy;
 use crate::kubeapi::{self, ClientError};
 use crate::reflector::{Item, Reflector, ReflectorError, StreamSpec};
-use crate::sink::{Sink, SinkError};
+use crate::sink::template::{Fields, Template};
+use crate::sink::{Outbound, Sink, SinkError};
 
-/// Capacity of the channel between the reflectors and the sink.
+/// Capacity of each channel between stages (reflectors -> shaping -> queue).
 const CHANNEL_CAPACITY: usize = 1024;
 
 #[derive(Debug, thiserror::Error)]
@@ -43,26 +54,32 @@ pub enum RunError {
     Reflector(#[from] ReflectorError),
     #[error("sink: {0}")]
     Sink(#[from] SinkError),
+    #[error(transparent)]
+    Delivery(#[from] DeliveryError),
 }
 
-/// What the sink side knows of a stream.
+/// What the shaping stage knows of a stream.
 struct Stream {
     resource: Arc<ResourceConfig>,
-    checkpoint: Arc<StreamCheckpoint>,
+    route: Option<Arc<Template>>,
+    limiter: Option<Limiter>,
 }
 
 /// Runs until `shutdown` fires or a fatal error occurs.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
     let client = kubeapi::client(&config.cluster).await?;
-    let limiter = kubeapi::limiter(&config.cluster);
+    let api_limiter = kubeapi::limiter(&config.cluster);
     let store = CheckpointStore::open(&config.checkpoint.dir)?;
-    let mut sink = Sink::open(&config.sink).await?;
+    let sink = Arc::new(Sink::open(&config.sink).await?);
 
-    let (tx, mut rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let (tx, rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     let mut streams = Vec::new();
+    let mut checkpoints = Vec::new();
     let mut reflectors = Vec::new();
     for (resource_index, rc) in config.resources.iter().enumerate() {
         let rc = Arc::new(rc.clone());
+        let route = rc.topic.as_deref().map(|t| Arc::new(Template::parse(t).expect("validated")));
+        let limiter = rc.rate_per_second.map(|r| rate_limiter(r, r));
         let (group, version) = rc.group_version();
         let scopes: Vec<Option<String>> =
             if rc.namespaces.is_empty() { vec![None] } else { rc.namespaces.iter().cloned().map(Some).collect() };
@@ -87,7 +104,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 resource_index,
                 cluster: config.cluster.name.clone(),
                 client: client.clone(),
-                limiter: limiter.clone(),
+                limiter: api_limiter.clone(),
                 gvk: GroupVersionKind::gvk(group, version, &rc.kind),
                 namespace,
                 label_selector: rc.label_selector.clone(),
@@ -99,7 +116,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 streaming_lists: config.cluster.streaming_lists,
             };
             reflectors.push(Reflector::new(spec, loaded, tx.clone()));
-            streams.push(Stream { resource: rc.clone(), checkpoint: Arc::new(checkpoint) });
+            streams.push(Stream { resource: rc.clone(), route: route.clone(), limiter: limiter.clone() });
+            checkpoints.push(Arc::new(checkpoint));
         }
     }
     drop(tx);
@@ -111,12 +129,25 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     info!(streams = streams.len(), sink = %config.sink.kind, "kubecast running");
 
-    let checkpoints: Vec<Arc<StreamCheckpoint>> = streams.iter().map(|s| s.checkpoint.clone()).collect();
     let persister = tokio::spawn(persist_periodically(
         checkpoints.clone(),
         Duration::from_millis(config.checkpoint.flush_interval_ms),
         cancel.clone(),
     ));
+    let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
+    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, config.cluster.name.clone()));
+    let d = &config.delivery;
+    let retry = RetryPolicy::new(d);
+    let queue = Queue {
+        sink: sink.clone(),
+        limiter: (d.rate_per_second > 0).then(|| rate_limiter(d.rate_per_second, d.burst)),
+        retry,
+        dead_letter: Arc::new(DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, retry)),
+        max_in_flight: d.max_in_flight,
+        capacity: d.queue_capacity,
+        checkpoints: checkpoints.clone(),
+    };
+    let mut queue_task = tokio::spawn(async move { queue.run(jobs_rx).await });
 
     let mut result: Result<(), RunError> = Ok(());
     let mut fail = |e: RunError, cancel: &CancellationToken| {
@@ -126,40 +157,68 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         }
         cancel.cancel();
     };
+    let mut queue_done = false;
     loop {
         tokio::select! {
-            maybe = rx.recv() => {
-                let Some(item) = maybe else { break };
-                if let Err(e) = deliver(&mut sink, &streams[item.stream], item).await {
-                    // The checkpoint stays at the last acknowledged event.
-                    fail(e.into(), &cancel);
-                    break;
-                }
-            }
             Some(joined) = tasks.join_next() => {
                 if let Some(e) = task_error(joined) {
                     fail(e.into(), &cancel);
                 }
             }
+            done = &mut queue_task, if !queue_done => {
+                queue_done = true;
+                if let Err(e) = flatten(done) {
+                    fail(e.into(), &cancel);
+                }
+                break;
+            }
+            _ = cancel.cancelled() => break,
         }
     }
+    // Stop reading; deliver what was taken, within the shutdown timeout.
     cancel.cancel();
     while let Some(joined) = tasks.join_next().await {
         if let Some(e) = task_error(joined) {
             fail(e.into(), &cancel);
         }
     }
+    let _ = shaper.await;
+    if !queue_done {
+        let timeout = Duration::from_secs(d.shutdown_timeout_seconds);
+        match tokio::time::timeout(timeout, &mut queue_task).await {
+            Ok(done) => {
+                if let Err(e) = flatten(done) {
+                    fail(e.into(), &cancel);
+                }
+            }
+            Err(_) => {
+                queue_task.abort();
+                warn!(
+                    ?timeout,
+                    "shutdown timeout: events still queued are not acknowledged; they are sent again after restart"
+                );
+            }
+        }
+    }
+    if let Err(e) = sink.flush(Duration::from_secs(d.shutdown_timeout_seconds)) {
+        fail(e.into(), &cancel);
+    }
     let _ = persister.await;
     for cp in &checkpoints {
         if let Err(e) = cp.persist_if_dirty() {
-            error!(error = %e, "final checkpoint not written");
-            if result.is_ok() {
-                result = Err(e.into());
-            }
+            fail(e.into(), &cancel);
         }
     }
     info!("kubecast stopped; checkpoints written");
     result
+}
+
+fn flatten(done: Result<Result<(), DeliveryError>, tokio::task::JoinError>) -> Result<(), DeliveryError> {
+    match done {
+        Ok(r) => r,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => Ok(()),
+    }
 }
 
 fn task_error(joined: Result<Result<(), ReflectorError>, tokio::task::JoinError>) -> Option<ReflectorError> {
@@ -170,20 +229,47 @@ fn task_error(joined: Result<Result<(), ReflectorError>, tokio::task::JoinError>
     }
 }
 
-/// Filters, builds and sends one item's event, then acknowledges the item.
-async fn deliver(sink: &mut Sink, stream: &Stream, item: Item) -> Result<(), SinkError> {
-    if let Some(change) = item.change {
-        if stream.resource.wants(change.verb) {
-            match change.into_cloudevent() {
-                Ok(event) => sink.send(&event).await?,
-                // Cannot happen with objects from a real apiserver (they all have uid and
-                // resourceVersion); acknowledged so the stream does not stall on it.
-                Err(e) => warn!(error = %e, "object cannot become an event; skipped"),
-            }
+fn rate_limiter(rate: u32, burst: u32) -> Limiter {
+    let rate = NonZeroU32::new(rate).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(burst).unwrap_or(rate);
+    Arc::new(RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)))
+}
+
+/// The filter/transform stage: `events` filter, then the CloudEvent and its destination fields.
+async fn shape_all(mut rx: mpsc::Receiver<Item>, tx: mpsc::Sender<Job>, streams: Vec<Stream>, cluster: String) {
+    while let Some(item) = rx.recv().await {
+        let job = shape(item, &streams, &cluster);
+        if tx.send(job).await.is_err() {
+            return;
         }
     }
-    stream.checkpoint.ack(item.seq, item.effect);
-    Ok(())
+}
+
+fn shape(item: Item, streams: &[Stream], cluster: &str) -> Job {
+    let stream = &streams[item.stream];
+    let msg = item.change.filter(|c| stream.resource.wants(c.verb)).and_then(|change| {
+        let ar = change.source.api_resource();
+        let fields = Fields {
+            cluster: cluster.to_string(),
+            group: if ar.group.is_empty() { "core".into() } else { ar.group.clone() },
+            version: ar.version.clone(),
+            kind: ar.kind.clone(),
+            resource: ar.plural.clone(),
+            namespace: change.object.metadata.namespace.clone().unwrap_or_default(),
+            verb: change.verb.as_str().to_string(),
+        };
+        let key = change.object.metadata.uid.clone().unwrap_or_default();
+        match change.into_cloudevent() {
+            Ok(event) => Some(Outbound { event, key, fields, route: stream.route.clone() }),
+            // Cannot happen with objects from a real apiserver (they all have uid and
+            // resourceVersion); acknowledged so the stream does not stall on it.
+            Err(e) => {
+                warn!(error = %e, "object cannot become an event; skipped");
+                None
+            }
+        }
+    });
+    Job { stream: item.stream, seq: item.seq, effect: item.effect, msg, limiter: stream.limiter.clone() }
 }
 
 async fn persist_periodically(checkpoints: Vec<Arc<StreamCheckpoint>>, every: Duration, cancel: CancellationToken) {

@@ -1,16 +1,17 @@
 //! `type = "file"`: structured-mode CloudEvent JSON lines appended to `sink.path`, flushed after
 //! every event.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tokio::fs::{File, OpenOptions};
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Mutex;
 
-use super::SinkError;
+use super::{SendError, SinkError, io_send_error};
 
 pub struct FileSink {
     path: PathBuf,
-    file: File,
+    file: Mutex<File>,
 }
 
 impl FileSink {
@@ -20,13 +21,18 @@ impl FileSink {
             .append(true)
             .open(&path)
             .await
-            .map_err(|source| SinkError::Open { path: path.clone(), source })?;
-        Ok(Self { path, file })
+            .map_err(|cause| SinkError::Open { path: path.clone(), cause })?;
+        Ok(Self { path, file: Mutex::new(file) })
     }
 
-    pub async fn write_line(&mut self, line: &[u8]) -> Result<(), SinkError> {
-        let err = |source| SinkError::Write { target: self.path.display().to_string(), source };
-        self.file.write_all(line).await.map_err(err)?;
-        self.file.flush().await.map_err(err)
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub async fn write_line(&self, line: &[u8]) -> Result<(), SendError> {
+        let target = self.path.display().to_string();
+        let mut f = self.file.lock().await;
+        f.write_all(line).await.map_err(|e| io_send_error(&target, e))?;
+        f.flush().await.map_err(|e| io_send_error(&target, e))
     }
 }

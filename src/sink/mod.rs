@@ -1,61 +1,135 @@
-//! Sinks: where CloudEvents leave kubecast. A sink *accepts* an event when it is durably handed
-//! over (stdout/file: written and flushed); only accepted events may advance a checkpoint.
+//! Sinks: where CloudEvents leave kubecast. Each sink has one `send` for one event, callable
+//! concurrently; the outbound queue (`src/delivery`) adds ordering, rate limiting, retries and
+//! the dead letter around it. A sink *accepts* an event when `send` returns `Ok`: stdout and
+//! file after write + flush, Kafka after the broker's acknowledgement. Only accepted events
+//! may advance a checkpoint.
 
 mod file;
+pub mod kafka;
 mod stdout;
+pub mod template;
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use cloudevents::Event;
 
 pub use file::FileSink;
+pub use kafka::KafkaSink;
 pub use stdout::StdoutSink;
+use template::{Fields, Template};
 
 use crate::config::{SinkConfig, SinkType};
 
+/// Errors opening or closing a sink (fatal at start).
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     #[error(
-        "cannot open sink file {path}: {source} (fix: check sink.path and that its directory exists and is writable)"
+        "cannot open sink file {path}: {cause} (fix: check sink.path and that its directory exists and is writable)"
     )]
-    Open { path: std::path::PathBuf, source: std::io::Error },
-    #[error("write to {target} failed: {source}")]
-    Write { target: String, source: std::io::Error },
-    #[error("event cannot be encoded: {0}")]
-    Encode(#[from] serde_json::Error),
+    Open { path: std::path::PathBuf, cause: std::io::Error },
+    #[error("sink configuration: {0}")]
+    Config(String),
+    #[error("flush failed: {0}")]
+    Flush(String),
     #[error("sink type {0} is not available in this version")]
     Unsupported(SinkType),
+}
+
+/// Why one send failed; decides between retry, dead letter and stop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// May succeed later (broker down, timeout, queue full): retried with backoff.
+    #[error("{0}")]
+    Retriable(String),
+    /// Will never succeed for this event (too large, not authorized, cannot be encoded): sent
+    /// to the dead-letter destination.
+    #[error("{0}")]
+    Permanent(String),
+    /// The sink cannot go on (e.g. a fatal idempotent-producer error): kubecast stops; the
+    /// checkpoint stays at the last acknowledged event.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// One event on its way out.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    pub event: Event,
+    /// The ordering key: `partitionkey`, the object's uid.
+    pub key: String,
+    /// Values for destination templates.
+    pub fields: Fields,
+    /// The resource's own destination template, overriding the sink's.
+    pub route: Option<Arc<Template>>,
 }
 
 /// The configured sink (enum dispatch: one variant per sink type).
 pub enum Sink {
     Stdout(StdoutSink),
     File(FileSink),
+    Kafka(KafkaSink),
 }
 
 impl Sink {
     pub async fn open(cfg: &SinkConfig) -> Result<Sink, SinkError> {
         match cfg.kind {
             SinkType::Stdout => Ok(Sink::Stdout(StdoutSink::new())),
-            SinkType::File => {
-                let path = cfg.path.clone().unwrap_or_default();
-                Ok(Sink::File(FileSink::open(path).await?))
+            SinkType::File => Ok(Sink::File(FileSink::open(cfg.path.clone().unwrap_or_default()).await?)),
+            SinkType::Kafka => {
+                let kc = cfg.kafka.as_ref().ok_or_else(|| SinkError::Config("[sink.kafka] is missing".into()))?;
+                Ok(Sink::Kafka(KafkaSink::new(kc)?))
             }
             other => Err(SinkError::Unsupported(other)),
         }
     }
 
     /// Sends one event; `Ok` means the sink accepted it.
-    pub async fn send(&mut self, event: &Event) -> Result<(), SinkError> {
-        let line = structured_line(event)?;
+    pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
         match self {
-            Sink::Stdout(s) => s.write_line(&line).await,
-            Sink::File(s) => s.write_line(&line).await,
+            Sink::Stdout(s) => s.write_line(&structured_line(&msg.event)?).await,
+            Sink::File(s) => s.write_line(&structured_line(&msg.event)?).await,
+            Sink::Kafka(s) => s.send(msg).await,
+        }
+    }
+
+    /// Where `msg` goes (for logs and dead letters).
+    pub fn destination(&self, msg: &Outbound) -> String {
+        match self {
+            Sink::Stdout(_) => "stdout".into(),
+            Sink::File(s) => s.path().display().to_string(),
+            Sink::Kafka(s) => s.destination(msg),
+        }
+    }
+
+    /// Hands everything still buffered to the destination (at shutdown).
+    pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
+        match self {
+            Sink::Kafka(s) => s.flush(timeout),
+            Sink::Stdout(_) | Sink::File(_) => Ok(()), // flushed after every event
+        }
+    }
+
+    pub fn kafka(&self) -> Option<&KafkaSink> {
+        match self {
+            Sink::Kafka(k) => Some(k),
+            _ => None,
         }
     }
 }
 
 /// Structured-mode CloudEvent JSON followed by a newline (one event per line).
-pub fn structured_line(event: &Event) -> Result<Vec<u8>, SinkError> {
-    let mut line = serde_json::to_vec(event)?;
+pub fn structured_line(event: &Event) -> Result<Vec<u8>, SendError> {
+    let mut line = serde_json::to_vec(event).map_err(|e| SendError::Permanent(format!("cannot encode: {e}")))?;
     line.push(b'\n');
     Ok(line)
+}
+
+/// I/O errors of the stdout and file sinks: a closed pipe cannot recover, the rest may.
+fn io_send_error(target: &str, e: std::io::Error) -> SendError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        SendError::Fatal(format!("{target}: {e}"))
+    } else {
+        SendError::Retriable(format!("{target}: {e}"))
+    }
 }

@@ -2,22 +2,23 @@
 //! (logs go to standard error).
 
 use tokio::io::{AsyncWriteExt, Stdout};
+use tokio::sync::Mutex;
 
-use super::SinkError;
+use super::{SendError, io_send_error};
 
 pub struct StdoutSink {
-    out: Stdout,
+    out: Mutex<Stdout>,
 }
 
 impl StdoutSink {
     pub fn new() -> Self {
-        Self { out: tokio::io::stdout() }
+        Self { out: Mutex::new(tokio::io::stdout()) }
     }
 
-    pub async fn write_line(&mut self, line: &[u8]) -> Result<(), SinkError> {
-        let err = |source| SinkError::Write { target: "stdout".into(), source };
-        self.out.write_all(line).await.map_err(err)?;
-        self.out.flush().await.map_err(err)
+    pub async fn write_line(&self, line: &[u8]) -> Result<(), SendError> {
+        let mut out = self.out.lock().await;
+        out.write_all(line).await.map_err(|e| io_send_error("stdout", e))?;
+        out.flush().await.map_err(|e| io_send_error("stdout", e))
     }
 }
 

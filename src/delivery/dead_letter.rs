@@ -1,0 +1,148 @@
+//! The dead-letter destination: where an event goes when the sink will never accept it (too
+//! large, not authorized, cannot be encoded) or `max_attempts` ran out. The event's stream then
+//! goes on with the object's later events: the dead-lettered event is missing from the
+//! destination, in its place (order of the rest is kept). A dead letter that cannot be written
+//! is retried forever: an accepted event is never dropped.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cloudevents::AttributesReader;
+use rdkafka::message::{Header, OwnedHeaders};
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Mutex;
+use tracing::{error, warn};
+
+use super::retry::RetryPolicy;
+use super::{DeadLetterConfig, DeadLetterType};
+use crate::sink::{Outbound, SendError, Sink, kafka};
+
+pub enum Target {
+    File { path: PathBuf, file: Mutex<Option<tokio::fs::File>> },
+    Broker { topic: String },
+    Stop,
+}
+
+pub struct DeadLetter {
+    target: Target,
+    retry: RetryPolicy,
+    count: AtomicU64,
+}
+
+/// A permanent failure with `[delivery.dead_letter] type = "stop"`.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "event {id} cannot be delivered to {destination}: {reason}; stopping because [delivery.dead_letter] type = \"stop\" (fix: correct the cause, or configure a dead letter)"
+)]
+pub struct Undeliverable {
+    pub id: String,
+    pub destination: String,
+    pub reason: String,
+}
+
+impl DeadLetter {
+    pub fn new(cfg: &DeadLetterConfig, checkpoint_dir: &std::path::Path, retry: RetryPolicy) -> Self {
+        let target = match cfg.kind {
+            DeadLetterType::File => Target::File {
+                path: cfg.path.clone().unwrap_or_else(|| checkpoint_dir.join("dead-letter.jsonl")),
+                file: Mutex::new(None),
+            },
+            DeadLetterType::Broker => Target::Broker { topic: cfg.destination.clone().unwrap_or_default() },
+            DeadLetterType::Stop => Target::Stop,
+        };
+        Self { target, retry, count: AtomicU64::new(0) }
+    }
+
+    /// How many events went to the dead letter since start.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Writes `msg` with `reason`; returns when it is stored (retrying as long as it takes).
+    pub async fn put(&self, sink: &Sink, msg: &Outbound, reason: &str) -> Result<(), Undeliverable> {
+        let destination = sink.destination(msg);
+        let id = msg.event.id().to_string();
+        if let Target::Stop = self.target {
+            return Err(Undeliverable { id, destination, reason: reason.to_string() });
+        }
+        error!(event_id = %id, destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
+        let mut backoff = self.retry.backoff();
+        loop {
+            let result = match &self.target {
+                Target::File { path, file } => self.write_file(path, file, msg, &destination, reason).await,
+                Target::Broker { topic } => self.write_broker(sink, topic, msg, &destination, reason).await,
+                Target::Stop => unreachable!(),
+            };
+            match result {
+                Ok(()) => {
+                    self.count.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Err(e) => {
+                    warn!(event_id = %id, error = %e, "dead letter not written; retrying");
+                    tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
+                }
+            }
+        }
+    }
+
+    async fn write_file(
+        &self,
+        path: &PathBuf,
+        file: &Mutex<Option<tokio::fs::File>>,
+        msg: &Outbound,
+        destination: &str,
+        reason: &str,
+    ) -> Result<(), String> {
+        let mut guard = file.lock().await;
+        if guard.is_none() {
+            let f = tokio::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            *guard = Some(f);
+        }
+        let mut line = serde_json::to_vec(&json!({
+            "reason": reason,
+            "destination": destination,
+            "failed_at": chrono::Utc::now().to_rfc3339(),
+            "event": msg.event,
+        }))
+        .map_err(|e| e.to_string())?;
+        line.push(b'\n');
+        let f = guard.as_mut().expect("opened above");
+        f.write_all(&line).await.map_err(|e| format!("{}: {e}", path.display()))?;
+        f.flush().await.map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    async fn write_broker(
+        &self,
+        sink: &Sink,
+        topic: &str,
+        msg: &Outbound,
+        destination: &str,
+        reason: &str,
+    ) -> Result<(), String> {
+        let Some(k) = sink.kafka() else { return Err("the dead letter type \"broker\" needs the kafka sink".into()) };
+        let headers = |h: OwnedHeaders| {
+            h.insert(Header { key: "kubecast_dead_letter_reason", value: Some(reason) })
+                .insert(Header { key: "kubecast_original_destination", value: Some(destination) })
+        };
+        let (payload, h) = kafka::encode(&msg.event, kafka::Mode::Structured).map_err(|e| e.to_string())?;
+        match k.send_raw(topic, &msg.key, &payload, headers(h)).await {
+            Ok(()) => Ok(()),
+            // Too large for the dead-letter topic as well: keep the event's attributes only.
+            Err(SendError::Permanent(_)) => {
+                let mut small = msg.event.clone();
+                small.take_data();
+                let (payload, h) = kafka::encode(&small, kafka::Mode::Structured).map_err(|e| e.to_string())?;
+                let h = h.insert(Header { key: "kubecast_data_dropped", value: Some("true") });
+                k.send_raw(topic, &msg.key, &payload, headers(h)).await.map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}

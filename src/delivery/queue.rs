@@ -1,0 +1,172 @@
+//! The queue: one loop, no task per event. Events wait per key (the object's uid); at most one
+//! event per key is in flight, so an object's events are never reordered, also under retries,
+//! while different objects go out concurrently (up to `max_in_flight`). At most
+//! `queue_capacity` events are held; when that is reached the loop stops taking jobs, the
+//! bounded channels behind it fill, and the reflectors stop reading their watches.
+//!
+//! Each job is acknowledged to its stream's watermark once its event was accepted by the sink
+//! or written to the dead letter, or at once when it carries no event.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cloudevents::AttributesReader;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use governor::DefaultDirectRateLimiter;
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use super::dead_letter::{DeadLetter, Undeliverable};
+use super::retry::RetryPolicy;
+use crate::ack::{Effect, StreamCheckpoint};
+use crate::sink::{Outbound, SendError, Sink};
+
+pub type Limiter = Arc<DefaultDirectRateLimiter>;
+
+/// One reflector item after shaping: its checkpoint effect and, unless filtered out or a
+/// bookmark, the event to send.
+pub struct Job {
+    pub stream: usize,
+    pub seq: u64,
+    pub effect: Effect,
+    pub msg: Option<Outbound>,
+    /// The resource's own rate limit, if it has one (in addition to the shared one).
+    pub limiter: Option<Limiter>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("sink failed: {0} (kubecast stops; the checkpoint stays at the last acknowledged event)")]
+    Fatal(String),
+    #[error(transparent)]
+    Undeliverable(#[from] Undeliverable),
+}
+
+pub struct Queue {
+    pub sink: Arc<Sink>,
+    pub limiter: Option<Limiter>,
+    pub retry: RetryPolicy,
+    pub dead_letter: Arc<DeadLetter>,
+    pub max_in_flight: usize,
+    pub capacity: usize,
+    pub checkpoints: Vec<Arc<StreamCheckpoint>>,
+}
+
+type InFlight = Pin<Box<dyn Future<Output = (String, Job, Result<(), DeliveryError>)> + Send>>;
+
+impl Queue {
+    /// Runs until `rx` is closed and everything taken is delivered, or a fatal error.
+    pub async fn run(&self, mut rx: mpsc::Receiver<Job>) -> Result<(), DeliveryError> {
+        // Jobs waiting per key; a key is present while it has a job waiting or in flight.
+        let mut per_key: HashMap<String, VecDeque<Job>> = HashMap::new();
+        // Keys whose first job may start now.
+        let mut ready: VecDeque<String> = VecDeque::new();
+        let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
+        let mut held = 0usize;
+        let mut input_open = true;
+        loop {
+            while in_flight.len() < self.max_in_flight {
+                let Some(key) = ready.pop_front() else { break };
+                let job = per_key.get_mut(&key).and_then(VecDeque::pop_front).expect("a ready key has a job");
+                in_flight.push(Box::pin(self.deliver(key, job)));
+            }
+            if !input_open && held == 0 {
+                return Ok(());
+            }
+            tokio::select! {
+                Some((key, job, result)) = in_flight.next() => {
+                    held -= 1;
+                    result?;
+                    self.ack(job);
+                    match per_key.get(&key) {
+                        Some(rest) if !rest.is_empty() => ready.push_back(key),
+                        _ => {
+                            per_key.remove(&key);
+                        }
+                    }
+                }
+                job = rx.recv(), if input_open && held < self.capacity => match job {
+                    None => input_open = false,
+                    Some(job) => match job.msg.as_ref().map(|m| m.key.clone()) {
+                        None => self.ack(job),
+                        Some(key) => {
+                            held += 1;
+                            match per_key.get_mut(&key) {
+                                Some(waiting) => waiting.push_back(job),
+                                None => {
+                                    per_key.insert(key.clone(), VecDeque::from([job]));
+                                    ready.push_back(key);
+                                }
+                            }
+                        }
+                    },
+                },
+            }
+        }
+    }
+
+    fn ack(&self, job: Job) {
+        self.checkpoints[job.stream].ack(job.seq, job.effect);
+    }
+
+    fn deliver(
+        &self,
+        key: String,
+        job: Job,
+    ) -> impl Future<Output = (String, Job, Result<(), DeliveryError>)> + Send + 'static {
+        let (sink, limiter, retry, dead_letter) =
+            (self.sink.clone(), self.limiter.clone(), self.retry, self.dead_letter.clone());
+        async move {
+            let result = send_with_retries(
+                &sink,
+                limiter.as_ref(),
+                job.limiter.as_ref(),
+                retry,
+                &dead_letter,
+                job.msg.as_ref().expect("only jobs with events are sent"),
+            )
+            .await;
+            (key, job, result)
+        }
+    }
+}
+
+/// Rate limit, send, retry retriable failures with backoff, dead-letter permanent ones.
+async fn send_with_retries(
+    sink: &Sink,
+    limiter: Option<&Limiter>,
+    resource_limiter: Option<&Limiter>,
+    retry: RetryPolicy,
+    dead_letter: &DeadLetter,
+    msg: &Outbound,
+) -> Result<(), DeliveryError> {
+    let mut backoff = retry.backoff();
+    let mut attempt = 0u32;
+    loop {
+        if let Some(l) = resource_limiter {
+            l.until_ready().await;
+        }
+        if let Some(l) = limiter {
+            l.until_ready().await;
+        }
+        attempt += 1;
+        match sink.send(msg).await {
+            Ok(()) => return Ok(()),
+            Err(SendError::Fatal(reason)) => return Err(DeliveryError::Fatal(reason)),
+            Err(SendError::Permanent(reason)) => return Ok(dead_letter.put(sink, msg, &reason).await?),
+            Err(SendError::Retriable(reason)) if !retry.may_retry(attempt) => {
+                let reason = format!("gave up after {attempt} attempts: {reason}");
+                return Ok(dead_letter.put(sink, msg, &reason).await?);
+            }
+            Err(SendError::Retriable(reason)) => {
+                if attempt == 1 || attempt % 10 == 0 {
+                    warn!(event_id = %msg.event.id(), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
+                }
+                tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
+            }
+        }
+    }
+}

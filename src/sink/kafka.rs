@@ -1,0 +1,304 @@
+//! `type = "kafka"`: an idempotent rdkafka producer (`enable.idempotence = true`,
+//! `acks = all`). An event is accepted when its delivery report says the broker stored it;
+//! never fire-and-forget.
+//!
+//! CloudEvents Kafka protocol binding: binary mode by default (value = `data`, header
+//! `content-type` = `datacontenttype`, every other attribute and extension as a `ce_<name>`
+//! header), structured mode as an option (value = the JSON event, `content-type:
+//! application/cloudevents+json; charset=UTF-8`). The record key is `partitionkey` (the uid),
+//! so the events of one object stay in one partition, in order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cloudevents::event::{AttributeValue, ExtensionValue};
+use cloudevents::{Data, Event};
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::util::Timeout;
+use serde::{Deserialize, Serialize};
+use tracing::{debug, error, info, warn};
+
+use super::template::Template;
+use super::{Outbound, SendError, SinkError};
+
+pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
+
+/// Properties kubecast sets itself: the delivery guarantees depend on them.
+const REQUIRED: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Binary,
+    Structured,
+}
+
+/// `[sink.kafka]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`, e.g. `"kafka-0:9092,kafka-1:9092"`.
+    pub brokers: String,
+    /// Topic template; see `template.rs` for the fields.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Also write a null-value record (a tombstone for compacted topics) after each `deleted`.
+    #[serde(default)]
+    pub tombstones: bool,
+    /// Passed to librdkafka as they are (TLS, SASL, compression, linger...). A value
+    /// `${env:NAME}` or `${file:/path}` is read from that variable or file (secrets).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_topic() -> String {
+    DEFAULT_TOPIC.to_string()
+}
+
+impl KafkaConfig {
+    /// `(key, message, fix)` for each problem.
+    pub fn problems(&self) -> Vec<(String, String, String)> {
+        let mut out = Vec::new();
+        if self.brokers.trim().is_empty() {
+            out.push((
+                "sink.kafka.brokers".into(),
+                "is empty".into(),
+                "set the bootstrap servers, e.g. \"kafka:9092\"".into(),
+            ));
+        }
+        if let Err(e) = Template::parse(&self.topic) {
+            out.push(("sink.kafka.topic".into(), e, format!("e.g. {DEFAULT_TOPIC:?}")));
+        }
+        for (k, v) in &self.properties {
+            if k == "bootstrap.servers" {
+                out.push((
+                    format!("sink.kafka.properties.\"{k}\""),
+                    "duplicates sink.kafka.brokers".into(),
+                    "set sink.kafka.brokers instead".into(),
+                ));
+            }
+            if let Some((_, want)) = REQUIRED.iter().find(|(rk, _)| rk == k) {
+                if v != want {
+                    out.push((
+                        format!("sink.kafka.properties.\"{k}\""),
+                        format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
+                        "remove it".into(),
+                    ));
+                }
+            }
+            if let Err(e) = resolve_secret(v) {
+                out.push((format!("sink.kafka.properties.\"{k}\""), e, "set that variable or create that file".into()));
+            }
+        }
+        out
+    }
+}
+
+/// `${env:NAME}` / `${file:/path}` -> the value; anything else as it is.
+fn resolve_secret(v: &str) -> Result<String, String> {
+    if let Some(name) = v.strip_prefix("${env:").and_then(|r| r.strip_suffix('}')) {
+        return std::env::var(name).map_err(|_| format!("environment variable {name} is not set"));
+    }
+    if let Some(path) = v.strip_prefix("${file:").and_then(|r| r.strip_suffix('}')) {
+        return std::fs::read_to_string(path)
+            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
+            .map_err(|e| format!("file {path} cannot be read: {e}"));
+    }
+    Ok(v.to_string())
+}
+
+/// Logs librdkafka's errors and tracks whether the brokers are reachable.
+pub struct KafkaContext {
+    connected: Arc<AtomicBool>,
+}
+
+impl ClientContext for KafkaContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                error!(target: "kubecast::kafka", facility = fac, "{msg}")
+            }
+            RDKafkaLogLevel::Warning => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
+            _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+            self.connected.store(false, Ordering::Relaxed);
+        }
+        error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}");
+    }
+}
+
+pub struct KafkaSink {
+    producer: FutureProducer<KafkaContext>,
+    topic: Template,
+    mode: Mode,
+    tombstones: bool,
+    connected: Arc<AtomicBool>,
+}
+
+impl KafkaSink {
+    pub fn new(cfg: &KafkaConfig) -> Result<Self, SinkError> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &cfg.brokers);
+        for (k, v) in &cfg.properties {
+            cc.set(k, resolve_secret(v).map_err(|e| SinkError::Config(format!("sink.kafka.properties.\"{k}\": {e}")))?);
+        }
+        for (k, v) in REQUIRED {
+            cc.set(k, v);
+        }
+        cc.set_log_level(RDKafkaLogLevel::Warning);
+        let connected = Arc::new(AtomicBool::new(true));
+        let producer: FutureProducer<KafkaContext> = cc
+            .create_with_context(KafkaContext { connected: connected.clone() })
+            // The error names the property, never its value.
+            .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
+        let keys: Vec<&String> = cfg.properties.keys().collect();
+        info!(brokers = %cfg.brokers, topic = %cfg.topic, mode = ?cfg.mode, properties = ?keys, "Kafka producer created");
+        Ok(Self {
+            producer,
+            topic: Template::parse(&cfg.topic).map_err(|e| SinkError::Config(format!("sink.kafka.topic: {e}")))?,
+            mode: cfg.mode,
+            tombstones: cfg.tombstones,
+            connected,
+        })
+    }
+
+    /// Whether the brokers were reachable at the last delivery or error.
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed)
+    }
+
+    pub fn destination(&self, msg: &Outbound) -> String {
+        msg.route.as_deref().unwrap_or(&self.topic).render(&msg.fields, clean_topic_part)
+    }
+
+    pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
+        let topic = self.destination(msg);
+        let (payload, headers) = encode(&msg.event, self.mode).map_err(|e| SendError::Permanent(e.to_string()))?;
+        self.produce(&topic, &msg.key, Some(&payload), headers).await?;
+        if self.tombstones && msg.fields.verb == "deleted" {
+            self.produce(&topic, &msg.key, None, OwnedHeaders::new()).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends a record with extra headers (the dead-letter destination).
+    pub async fn send_raw(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: &[u8],
+        headers: OwnedHeaders,
+    ) -> Result<(), SendError> {
+        self.produce(topic, key, Some(payload), headers).await
+    }
+
+    async fn produce(
+        &self,
+        topic: &str,
+        key: &str,
+        payload: Option<&[u8]>,
+        headers: OwnedHeaders,
+    ) -> Result<(), SendError> {
+        let mut record = FutureRecord::<str, [u8]>::to(topic).key(key).headers(headers);
+        if let Some(p) = payload {
+            record = record.payload(p);
+        }
+        match self.producer.send(record, Timeout::Never).await {
+            Ok(_) => {
+                self.connected.store(true, Ordering::Relaxed);
+                Ok(())
+            }
+            Err((e, _)) => Err(self.classify(e)),
+        }
+    }
+
+    fn classify(&self, e: KafkaError) -> SendError {
+        if let Some((code, reason)) = self.producer.client().fatal_error() {
+            return SendError::Fatal(format!("fatal Kafka producer error {code:?}: {reason}"));
+        }
+        use RDKafkaErrorCode as C;
+        match e.rdkafka_error_code() {
+            Some(
+                C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidRecord
+                | C::InvalidTopic
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed,
+            ) => SendError::Permanent(e.to_string()),
+            _ => SendError::Retriable(e.to_string()),
+        }
+    }
+
+    /// Waits until everything handed to librdkafka is delivered (or `timeout` passes).
+    pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
+        self.producer.flush(timeout).map_err(|e| SinkError::Flush(e.to_string()))
+    }
+}
+
+/// Kafka topic names allow `[a-zA-Z0-9._-]`: other characters become `_`; an empty field
+/// (the namespace of a cluster-scoped object) becomes `_`.
+pub fn clean_topic_part(s: &str) -> String {
+    if s.is_empty() {
+        return "_".into();
+    }
+    s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect()
+}
+
+/// The record value and headers of `event` in `mode`.
+pub fn encode(event: &Event, mode: Mode) -> Result<(Vec<u8>, OwnedHeaders), serde_json::Error> {
+    match mode {
+        Mode::Structured => {
+            let headers = OwnedHeaders::new()
+                .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
+            Ok((serde_json::to_vec(event)?, headers))
+        }
+        Mode::Binary => {
+            let mut headers = OwnedHeaders::new();
+            for (name, value) in event.iter_attributes() {
+                let v = attribute_string(&value);
+                if name == "datacontenttype" {
+                    headers = headers.insert(Header { key: "content-type", value: Some(&v) });
+                } else {
+                    headers = headers.insert(Header { key: &format!("ce_{name}"), value: Some(&v) });
+                }
+            }
+            for (name, value) in event.iter_extensions() {
+                let v = match value {
+                    ExtensionValue::String(s) => s.clone(),
+                    ExtensionValue::Boolean(b) => b.to_string(),
+                    ExtensionValue::Integer(i) => i.to_string(),
+                };
+                headers = headers.insert(Header { key: &format!("ce_{name}"), value: Some(&v) });
+            }
+            let payload = match event.data() {
+                Some(Data::Json(v)) => serde_json::to_vec(v)?,
+                Some(Data::String(s)) => s.clone().into_bytes(),
+                Some(Data::Binary(b)) => b.clone(),
+                None => Vec::new(),
+            };
+            Ok((payload, headers))
+        }
+    }
+}
+
+fn attribute_string(v: &AttributeValue<'_>) -> String {
+    match v {
+        AttributeValue::Time(t) => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,115 @@
+//! Destination templates (`topic`, later NATS `subject`): text with `{field}` placeholders.
+
+use std::fmt;
+
+/// The fields a destination template can use, for one event.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fields {
+    pub cluster: String,
+    /// `core` for the core group.
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// The plural resource name, e.g. `configmaps`.
+    pub resource: String,
+    /// Empty for cluster-scoped objects.
+    pub namespace: String,
+    pub verb: String,
+}
+
+pub const FIELD_NAMES: [&str; 7] = ["cluster", "group", "version", "kind", "resource", "namespace", "verb"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Text(String),
+    Field(usize),
+}
+
+/// A parsed template, e.g. `kubecast.{cluster}.{group}.{resource}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    source: String,
+    parts: Vec<Part>,
+}
+
+impl Template {
+    pub fn parse(s: &str) -> Result<Template, String> {
+        if s.is_empty() {
+            return Err("is empty".into());
+        }
+        let mut parts = Vec::new();
+        let mut rest = s;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Text(rest[..open].to_string()));
+            }
+            let close = rest[open..].find('}').ok_or_else(|| format!("unclosed '{{' in {s:?}"))? + open;
+            let name = &rest[open + 1..close];
+            let idx = FIELD_NAMES.iter().position(|f| *f == name).ok_or_else(|| {
+                format!(
+                    "unknown field {{{name}}} in {s:?}; known: {}",
+                    FIELD_NAMES.map(|f| format!("{{{f}}}")).join(", ")
+                )
+            })?;
+            parts.push(Part::Field(idx));
+            rest = &rest[close + 1..];
+        }
+        if rest.contains('}') {
+            return Err(format!("unbalanced '}}' in {s:?}"));
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Text(rest.to_string()));
+        }
+        Ok(Template { source: s.to_string(), parts })
+    }
+
+    /// Renders with each field value passed through `clean` (the sink's naming rules).
+    pub fn render(&self, f: &Fields, clean: impl Fn(&str) -> String) -> String {
+        let mut out = String::with_capacity(self.source.len() + 32);
+        for p in &self.parts {
+            match p {
+                Part::Text(t) => out.push_str(t),
+                Part::Field(i) => {
+                    let v = match i {
+                        0 => &f.cluster,
+                        1 => &f.group,
+                        2 => &f.version,
+                        3 => &f.kind,
+                        4 => &f.resource,
+                        5 => &f.namespace,
+                        _ => &f.verb,
+                    };
+                    out.push_str(&clean(v));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Template {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_render() {
+        let t = Template::parse("kubecast.{cluster}.{group}.{resource}-{verb}").unwrap();
+        let f = Fields {
+            cluster: "c".into(),
+            group: "apps".into(),
+            resource: "deployments".into(),
+            verb: "added".into(),
+            ..Default::default()
+        };
+        assert_eq!(t.render(&f, |s| s.to_string()), "kubecast.c.apps.deployments-added");
+        assert!(Template::parse("x.{nope}").is_err());
+        assert!(Template::parse("x.{cluster").is_err());
+        assert!(Template::parse("x}").is_err());
+    }
+}
