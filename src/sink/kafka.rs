@@ -143,6 +143,11 @@ impl ClientContext for KafkaContext {
 
 pub struct KafkaSink {
     producer: FutureProducer<KafkaContext>,
+    /// The same configuration, one record per request: a record rejected as too large is sent
+    /// again through it alone, because the broker rejects a whole batch when one record in it
+    /// is too large, and the others must not be dead-lettered for that.
+    solo: std::sync::OnceLock<FutureProducer<KafkaContext>>,
+    config: ClientConfig,
     topic: Template,
     mode: Mode,
     tombstones: bool,
@@ -169,6 +174,8 @@ impl KafkaSink {
         info!(brokers = %cfg.brokers, topic = %cfg.topic, mode = ?cfg.mode, properties = ?keys, "Kafka producer created");
         Ok(Self {
             producer,
+            solo: std::sync::OnceLock::new(),
+            config: cc,
             topic: Template::parse(&cfg.topic).map_err(|e| SinkError::Config(format!("sink.kafka.topic: {e}")))?,
             mode: cfg.mode,
             tombstones: cfg.tombstones,
@@ -213,17 +220,39 @@ impl KafkaSink {
         payload: Option<&[u8]>,
         headers: OwnedHeaders,
     ) -> Result<(), SendError> {
-        let mut record = FutureRecord::<str, [u8]>::to(topic).key(key).headers(headers);
-        if let Some(p) = payload {
-            record = record.payload(p);
+        let record = || {
+            let r = FutureRecord::<str, [u8]>::to(topic).key(key).headers(headers.clone());
+            match payload {
+                Some(p) => r.payload(p),
+                None => r,
+            }
+        };
+        let mut result = self.producer.send(record(), Timeout::Never).await;
+        if let Err((e, _)) = &result {
+            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
+                debug!(topic, "record rejected as too large; sending it again alone");
+                result = self.solo()?.send(record(), Timeout::Never).await;
+            }
         }
-        match self.producer.send(record, Timeout::Never).await {
+        match result {
             Ok(_) => {
                 self.connected.store(true, Ordering::Relaxed);
                 Ok(())
             }
             Err((e, _)) => Err(self.classify(e)),
         }
+    }
+
+    fn solo(&self) -> Result<&FutureProducer<KafkaContext>, SendError> {
+        if let Some(p) = self.solo.get() {
+            return Ok(p);
+        }
+        let mut cc = self.config.clone();
+        cc.set("batch.num.messages", "1").set("linger.ms", "0");
+        let p = cc
+            .create_with_context(KafkaContext { connected: self.connected.clone() })
+            .map_err(|e| SendError::Retriable(format!("second Kafka producer: {e}")))?;
+        Ok(self.solo.get_or_init(|| p))
     }
 
     fn classify(&self, e: KafkaError) -> SendError {
@@ -246,6 +275,9 @@ impl KafkaSink {
 
     /// Waits until everything handed to librdkafka is delivered (or `timeout` passes).
     pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
+        if let Some(solo) = self.solo.get() {
+            solo.flush(timeout).map_err(|e| SinkError::Flush(e.to_string()))?;
+        }
         self.producer.flush(timeout).map_err(|e| SinkError::Flush(e.to_string()))
     }
 }

@@ -137,6 +137,32 @@ impl Kubecast {
         Self::spawn_in(dir, extra_env)
     }
 
+    /// Starts kubecast with the given `[sink]` section (and its sub-tables) instead of the
+    /// harness's file sink.
+    pub fn start_with_sink(config: &str, sink: &str, checkpoint: &str) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::write_config(dir.path(), config, checkpoint);
+        let mut k = Self::spawn_in_stopped(dir);
+        k.set_sink(sink);
+        k.restart(&[]);
+        k
+    }
+
+    /// Replaces the `[sink]` section of the config (for the next start).
+    pub fn set_sink(&mut self, sink: &str) {
+        let path = self.dir.path().join("kubecast.toml");
+        let cfg = std::fs::read_to_string(&path).unwrap();
+        let start = cfg.find("[sink]").unwrap();
+        let end = cfg[start..].find("[checkpoint]").unwrap() + start;
+        std::fs::write(&path, format!("{}{sink}\n{}", &cfg[..start], &cfg[end..])).unwrap();
+    }
+
+    fn spawn_in_stopped(dir: tempfile::TempDir) -> Self {
+        let events_path = dir.path().join("events.jsonl");
+        let stderr_path = dir.path().join("kubecast.log");
+        Self { child: None, dir, events_path, stderr_path }
+    }
+
     /// Like `start`, with extra lines for the `[checkpoint]` table (e.g. flush_interval_ms).
     pub fn start_with_checkpoint(config: &str, checkpoint: &str, extra_env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -177,6 +203,19 @@ impl Kubecast {
         // Appends, so the log of every run of this instance is kept.
         let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("kubecast.log")).unwrap();
         cmd.stdout(Stdio::null()).stderr(log).spawn().expect("spawn kubecast")
+    }
+
+    /// Waits until the log contains `needle` `count` times (e.g. "list complete": from then on
+    /// every change arrives as a watch event).
+    pub async fn wait_log(&mut self, needle: &str, count: usize) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.log().matches(needle).count() < count {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("kubecast exited ({status}) while waiting for {needle:?}\nlog:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "no {needle:?} in the log:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Sends a signal (e.g. "STOP", "CONT") to the running process.
