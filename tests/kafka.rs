@@ -388,6 +388,7 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
 
     let outage = Instant::now();
     env_script(&["down", "kafka"]);
+    let broker_back = BrokerBack;
     // 1000 changes: 100 objects created, then 9 updates each.
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     futures::stream::iter(0..100)
@@ -426,7 +427,7 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
     assert_eq!(kc.checkpoints()[0]["resource_version"], acked_before["resource_version"]);
     let left = Duration::from_secs(60).saturating_sub(outage.elapsed());
     tokio::time::sleep(left).await;
-    env_script(&["up", "kafka"]);
+    drop(broker_back);
 
     let records = consume_until(&topic, "1000 changes", |r| {
         r.iter().filter_map(|r| r.headers.get("ce_id")).collect::<HashSet<_>>().len() >= 1001
@@ -445,6 +446,15 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(kc.stop().success(), "{}", kc.log());
+}
+
+/// Starts the broker again when dropped, also when the test fails half-way.
+struct BrokerBack;
+
+impl Drop for BrokerBack {
+    fn drop(&mut self) {
+        env_script(&["up", "kafka"]);
+    }
 }
 
 fn env_script(args: &[&str]) {
