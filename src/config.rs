@@ -10,6 +10,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::admin::AdminConfig;
 use crate::delivery::DeliveryConfig;
 use crate::selector;
 use crate::sink::kafka::KafkaConfig;
@@ -33,6 +34,8 @@ pub struct Config {
     pub sink: SinkConfig,
     #[serde(default)]
     pub delivery: DeliveryConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
     #[serde(default)]
     pub resources: Vec<ResourceConfig>,
 }

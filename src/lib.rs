@@ -1,6 +1,7 @@
 //! kubecast: Kubernetes changes as CloudEvents. See ARCHITECTURE.md for the data flow.
 
 pub mod ack;
+pub mod admin;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

@@ -31,6 +31,7 @@ use std::num::NonZeroU32;
 use governor::{Quota, RateLimiter};
 
 use crate::ack::StreamCheckpoint;
+use crate::admin::{AdminError, Health};
 use crate::checkpoint::{CheckpointError, CheckpointStore, StreamKey};
 use crate::config::{Config, ResourceConfig};
 use crate::delivery::dead_letter::DeadLetter;
@@ -56,6 +57,8 @@ pub enum RunError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Delivery(#[from] DeliveryError),
+    #[error(transparent)]
+    Admin(#[from] AdminError),
 }
 
 /// What the shaping stage knows of a stream.
@@ -71,6 +74,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let api_limiter = kubeapi::limiter(&config.cluster);
     let store = CheckpointStore::open(&config.checkpoint.dir)?;
     let sink = Arc::new(Sink::open(&config.sink).await?);
+    let names = stream_names(&config);
+    let health = Health::new(names.clone(), sink.connected());
 
     let (tx, rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     let mut streams = Vec::new();
@@ -94,13 +99,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 field_selector: rc.field_selector.clone(),
             };
             let (checkpoint, loaded) = StreamCheckpoint::load(store.clone(), key)?;
-            let name = match &namespace {
-                Some(ns) => format!("{} in namespace {ns}", rc.describe()),
-                None => format!("{} (cluster-wide)", rc.describe()),
-            };
             let spec = StreamSpec {
                 id: streams.len(),
-                name,
+                name: names[streams.len()].clone(),
                 resource_index,
                 cluster: config.cluster.name.clone(),
                 client: client.clone(),
@@ -114,6 +115,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 initial: rc.initial,
                 missing_kind: rc.missing_kind,
                 streaming_lists: config.cluster.streaming_lists,
+                health: health.clone(),
             };
             reflectors.push(Reflector::new(spec, loaded, tx.clone()));
             streams.push(Stream { resource: rc.clone(), route: route.clone(), limiter: limiter.clone() });
@@ -123,6 +125,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     drop(tx);
 
     let cancel = shutdown.child_token();
+    crate::admin::serve(&config.admin, health.clone(), cancel.clone()).await?;
+    if sink.kafka().is_some() {
+        tokio::spawn(probe_broker(sink.clone(), cancel.clone()));
+    }
     let mut tasks = JoinSet::new();
     for r in reflectors {
         tasks.spawn(r.run(cancel.clone()));
@@ -176,6 +182,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         }
     }
     // Stop reading; deliver what was taken, within the shutdown timeout.
+    health.set_shutting_down();
     cancel.cancel();
     while let Some(joined) = tasks.join_next().await {
         if let Some(e) = task_error(joined) {
@@ -201,7 +208,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         }
     }
     if let Err(e) = sink.flush(Duration::from_secs(d.shutdown_timeout_seconds)) {
-        fail(e.into(), &cancel);
+        // Not acknowledged, so not in any checkpoint: sent again after the restart.
+        warn!(error = %e, "not everything handed to the producer was delivered before the shutdown timeout");
     }
     let _ = persister.await;
     for cp in &checkpoints {
@@ -211,6 +219,34 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     info!("kubecast stopped; checkpoints written");
     result
+}
+
+/// The stream names, in stream order (one per resource and namespace).
+fn stream_names(config: &Config) -> Vec<String> {
+    config
+        .resources
+        .iter()
+        .flat_map(|rc| {
+            if rc.namespaces.is_empty() {
+                vec![format!("{} (cluster-wide)", rc.describe())]
+            } else {
+                rc.namespaces.iter().map(|ns| format!("{} in namespace {ns}", rc.describe())).collect()
+            }
+        })
+        .collect()
+}
+
+/// Keeps the sink's reachability fresh for readiness, also when no events flow.
+async fn probe_broker(sink: Arc<Sink>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let sink = sink.clone();
+        let _ = tokio::task::spawn_blocking(move || sink.kafka().map(|k| k.probe(Duration::from_secs(4)))).await;
+    }
 }
 
 fn flatten(done: Result<Result<(), DeliveryError>, tokio::task::JoinError>) -> Result<(), DeliveryError> {

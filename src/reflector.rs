@@ -59,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::ack::{Effect, IndexOp};
+use crate::admin::{Health, StreamPhase};
 use crate::checkpoint::{Checkpoint, Index, IndexEntry};
 use crate::config::{Initial, MissingKind, Verb};
 use crate::event::{Change, EventSource, Origin};
@@ -95,6 +96,8 @@ pub struct StreamSpec {
     pub missing_kind: MissingKind,
     /// Try streaming lists first (falling back to paginated lists when rejected).
     pub streaming_lists: bool,
+    /// Where the stream reports its phase for readiness.
+    pub health: Arc<Health>,
 }
 
 /// One unit the reflector hands to the pipeline. `change` is `None` for items that only move
@@ -237,6 +240,7 @@ impl Reflector {
                     )));
                 }
                 error!(stream = %self.spec.name, resource = %format!("resources[{}]", self.spec.resource_index), "{message}; waiting for it to be served (missing_kind = \"wait\")");
+                self.spec.health.set_phase(self.spec.id, StreamPhase::WaitingForKind);
                 return Ok(State::WaitForKind);
             }
             Err(e) => {
@@ -353,6 +357,7 @@ impl Reflector {
             "list complete; watching"
         );
         self.listed_once = true;
+        self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);
         self.emit(Effect::Listed { rv, objects: self.index.clone() }, None).await
     }
 
@@ -505,7 +510,12 @@ impl Reflector {
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
         let stream = match self.target().api.watch(&wp, &rv).await {
-            Ok(s) => s,
+            Ok(s) => {
+                if self.listed_once {
+                    self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);
+                }
+                s
+            }
             Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 warn!(stream = %self.spec.name, "the kind is no longer served; rediscovering");

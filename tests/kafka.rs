@@ -124,7 +124,7 @@ namespaces = ["{ns}"]
 /// Starts kubecast with the Kafka sink and waits until its initial list is done, so that every
 /// later change arrives as its own watch event.
 async fn start_kafka(config: &str, sink: &str, checkpoint: &str) -> Kubecast {
-    let mut kc = Kubecast::start_with_sink(config, sink, checkpoint);
+    let mut kc = Kubecast::start_with_sink(config, sink, checkpoint, &[]);
     kc.wait_log("list complete", 1).await;
     kc
 }
@@ -353,6 +353,7 @@ async fn an_unreachable_broker_is_a_clear_error_and_loses_nothing() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     let log = kc.log();
     assert!(log.contains("127.0.0.1:1"), "the error names the broker:\n{log}");
+    kc.wait_ready_reason("sink: broker not reachable").await;
     assert!(kc.checkpoints().iter().all(|c| c["resource_version"].is_null()), "nothing acknowledged, no checkpoint");
     assert!(kc.stop().success(), "a clean stop even with undelivered events\n{}", kc.log());
 
@@ -425,9 +426,11 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
     kc.restart(&[]);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(kc.checkpoints()[0]["resource_version"], acked_before["resource_version"]);
+    kc.wait_ready_reason("sink: broker not reachable").await;
     let left = Duration::from_secs(60).saturating_sub(outage.elapsed());
     tokio::time::sleep(left).await;
     drop(broker_back);
+    kc.wait_ready(200).await;
 
     let records = consume_until(&topic, "1000 changes", |r| {
         r.iter().filter_map(|r| r.headers.get("ce_id")).collect::<HashSet<_>>().len() >= 1001
@@ -461,4 +464,50 @@ fn env_script(args: &[&str]) {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/env").join(args[0]);
     let status = std::process::Command::new(script).args(&args[1..]).status().expect("tests/env script");
     assert!(status.success(), "tests/env/{args:?} failed");
+}
+
+/// A broker that refuses the credentials: a clear error, not ready, no crash, nothing
+/// acknowledged; with the right password (read from the environment, never logged) the
+/// events that waited are delivered.
+#[tokio::test]
+async fn refused_credentials_are_a_clear_error_and_the_secret_is_never_logged() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "kafka-auth").await;
+    let cluster = cluster_name();
+    let topic = format!("auth.{cluster}");
+    create_cm(&client, &ns.name, "waiting", json!({"v": "1"})).await;
+    let sasl = |password_var: &str| {
+        format!(
+            "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:{password_var}}}\"\n[delivery]\nshutdown_timeout_seconds = 2\n",
+            common::env_var("KAFKA_SASL_BROKERS"),
+            common::env_var("KAFKA_SASL_USER"),
+        )
+    };
+    let wrong = "wrong-password-0123";
+    let right = common::env_var("KAFKA_SASL_PASSWORD");
+    let env = [("TEST_KAFKA_WRONG", wrong), ("TEST_KAFKA_RIGHT", right.as_str())];
+    let mut kc = Kubecast::start_with_sink(
+        &kafka_config(&cluster, &ns.name, ""),
+        &sasl("TEST_KAFKA_WRONG"),
+        "flush_interval_ms = 100",
+        &env,
+    );
+    kc.wait_ready_reason("sink: broker not reachable").await;
+    let deadline = Instant::now() + WAIT;
+    while !kc.log().contains("Authentication failed") {
+        assert!(Instant::now() < deadline, "no clear authentication error:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(kc.checkpoints().iter().all(|c| c["resource_version"].is_null()), "nothing acknowledged");
+    assert!(kc.stop().success(), "no crash: a clean stop\n{}", kc.log());
+
+    kc.set_sink(&sasl("TEST_KAFKA_RIGHT"));
+    kc.restart(&env);
+    let records = consume_until(&topic, "the waiting object", |r| !r.is_empty()).await;
+    assert_eq!(records[0].header("ce_subject"), format!("{}/waiting", ns.name));
+    kc.wait_ready(200).await;
+    assert!(kc.stop().success());
+    let log = kc.log();
+    assert!(!log.contains(wrong) && !log.contains(&right), "a password appeared in the log:\n{log}");
 }

@@ -285,7 +285,11 @@ async fn a_kind_served_later_starts_its_stream_when_the_crd_appears() {
         assert!(std::time::Instant::now() < deadline, "{}", kc.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let body = kc.wait_ready(503).await;
+    assert!(body.contains("waiting for its kind"), "readiness names the waiting stream: {body}");
+    assert_eq!(kc.admin_get("/livez").await.0, 200, "alive while waiting");
     create_crd(&client, &plural, &kind).await;
+    kc.wait_ready(200).await;
     let (uid, rv) = create_cr(&client, &ns.name, &plural, &kind, "first").await;
     let evs = kc.wait_for("the first custom resource", WAIT, |e| !e.is_empty()).await;
     assert_eq!(evs[0]["id"], format!("{uid}:{rv}:added").as_str());

@@ -134,7 +134,14 @@ impl ClientContext for KafkaContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::AllBrokersDown
+                    | RDKafkaErrorCode::Authentication
+                    | RDKafkaErrorCode::SaslAuthenticationFailed
+            )
+        ) {
             self.connected.store(false, Ordering::Relaxed);
         }
         error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}");
@@ -183,9 +190,17 @@ impl KafkaSink {
         })
     }
 
-    /// Whether the brokers were reachable at the last delivery or error.
-    pub fn connected(&self) -> bool {
-        self.connected.load(Ordering::Relaxed)
+    /// Whether the brokers are reachable (set by errors, deliveries and [`KafkaSink::probe`]).
+    pub fn connected(&self) -> Arc<AtomicBool> {
+        self.connected.clone()
+    }
+
+    /// Asks the cluster for metadata (blocking, up to `timeout`) and records whether it
+    /// answered.
+    pub fn probe(&self, timeout: Duration) -> bool {
+        let ok = self.producer.client().fetch_metadata(None, timeout).is_ok();
+        self.connected.store(ok, Ordering::Relaxed);
+        ok
     }
 
     pub fn destination(&self, msg: &Outbound) -> String {

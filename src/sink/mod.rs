@@ -110,6 +110,14 @@ impl Sink {
         }
     }
 
+    /// Whether the destination is reachable, for readiness (stdout and file: always).
+    pub fn connected(&self) -> Arc<std::sync::atomic::AtomicBool> {
+        match self {
+            Sink::Kafka(k) => k.connected(),
+            Sink::Stdout(_) | Sink::File(_) => Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        }
+    }
+
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),

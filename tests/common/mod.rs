@@ -139,12 +139,12 @@ impl Kubecast {
 
     /// Starts kubecast with the given `[sink]` section (and its sub-tables) instead of the
     /// harness's file sink.
-    pub fn start_with_sink(config: &str, sink: &str, checkpoint: &str) -> Self {
+    pub fn start_with_sink(config: &str, sink: &str, checkpoint: &str, extra_env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         Self::write_config(dir.path(), config, checkpoint);
         let mut k = Self::spawn_in_stopped(dir);
         k.set_sink(sink);
-        k.restart(&[]);
+        k.restart(extra_env);
         k
     }
 
@@ -196,7 +196,10 @@ impl Kubecast {
     fn spawn_child(dir: &Path, extra_env: &[(&str, &str)]) -> Child {
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"]).arg(dir.join("kubecast.toml"));
-        cmd.env("KUBECONFIG", kubeconfig()).env("RUST_LOG", "info,kubecast=debug");
+        cmd.env("KUBECONFIG", kubeconfig())
+            .env("RUST_LOG", "info,kubecast=debug")
+            // Any free port: many instances run at once.
+            .env("KUBECAST_ADMIN__LISTEN", "127.0.0.1:0");
         for (k, v) in extra_env {
             cmd.env(k, v);
         }
@@ -215,6 +218,50 @@ impl Kubecast {
             }
             assert!(Instant::now() < deadline, "no {needle:?} in the log:\n{}", self.log());
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `GET path` on the admin server of the current run: (status code, body).
+    pub async fn admin_get(&mut self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let marker = "admin server listening on ";
+        self.wait_log(marker, 1).await;
+        let log = self.log();
+        let line = log.lines().rfind(|l| l.contains(marker)).unwrap();
+        let addr = line[line.find(marker).unwrap() + marker.len()..].split_whitespace().next().unwrap().to_string();
+        let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect to the admin server");
+        conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+        let mut resp = String::new();
+        conn.read_to_string(&mut resp).await.unwrap();
+        let status = resp.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = resp.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        (status, body)
+    }
+
+    /// Polls `/readyz` until its body contains `text` (bounded).
+    pub async fn wait_ready_reason(&mut self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, body) = self.admin_get("/readyz").await;
+            if body.contains(text) {
+                assert_eq!(status, 503, "a reason means not ready");
+                return;
+            }
+            assert!(Instant::now() < deadline, "/readyz never said {text:?} (last: {status} {body})\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Polls `/readyz` until its status is `want` (bounded); returns the body.
+    pub async fn wait_ready(&mut self, want: u16) -> String {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (status, body) = self.admin_get("/readyz").await;
+            if status == want {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "/readyz stayed {status} ({body}), wanted {want}\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 

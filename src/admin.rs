@@ -1,0 +1,138 @@
+//! The admin HTTP server (`[admin] listen`): `/livez` (and `/healthz`), `/readyz`.
+//!
+//! Ready means: every stream finished its initial list (or resumed from its checkpoint) and
+//! the sink's broker is reachable. `/readyz` answers 503 with one line per reason otherwise
+//! (a stream waiting for its kind, a stream still listing, the broker unreachable).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// `[admin]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin server; `""` disables it.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self { listen: default_listen() }
+    }
+}
+
+fn default_listen() -> String {
+    "0.0.0.0:9090".into()
+}
+
+/// Where a stream is, as readiness sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StreamPhase {
+    Starting = 0,
+    WaitingForKind = 1,
+    Synced = 2,
+}
+
+/// Shared health state, written by the streams and the sink, read by `/readyz`.
+#[derive(Debug)]
+pub struct Health {
+    streams: Vec<(String, AtomicU8)>,
+    sink_connected: Arc<AtomicBool>,
+    shutting_down: AtomicBool,
+}
+
+impl Health {
+    pub fn new(stream_names: Vec<String>, sink_connected: Arc<AtomicBool>) -> Arc<Self> {
+        Arc::new(Self {
+            streams: stream_names.into_iter().map(|n| (n, AtomicU8::new(StreamPhase::Starting as u8))).collect(),
+            sink_connected,
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    pub fn set_phase(&self, stream: usize, phase: StreamPhase) {
+        self.streams[stream].1.store(phase as u8, Ordering::Relaxed);
+    }
+
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Empty when ready; otherwise why not, one reason per line.
+    pub fn not_ready(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.shutting_down.load(Ordering::Relaxed) {
+            out.push("shutting down".to_string());
+        }
+        for (name, phase) in &self.streams {
+            match phase.load(Ordering::Relaxed) {
+                p if p == StreamPhase::WaitingForKind as u8 => {
+                    out.push(format!("stream {name}: waiting for its kind to be served"))
+                }
+                p if p == StreamPhase::Starting as u8 => out.push(format!("stream {name}: initial sync not done")),
+                _ => {}
+            }
+        }
+        if !self.sink_connected.load(Ordering::Relaxed) {
+            out.push("sink: broker not reachable".to_string());
+        }
+        out
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "admin server cannot listen on {addr:?}: {cause} (fix: set [admin] listen to a free address, or \"\" to disable)"
+)]
+pub struct AdminError {
+    addr: String,
+    cause: String,
+}
+
+/// Binds and serves until `cancel`; returns the bound address.
+pub async fn serve(
+    cfg: &AdminConfig,
+    health: Arc<Health>,
+    cancel: CancellationToken,
+) -> Result<Option<SocketAddr>, AdminError> {
+    if cfg.listen.is_empty() {
+        return Ok(None);
+    }
+    let err = |cause: String| AdminError { addr: cfg.listen.clone(), cause };
+    let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| err(e.to_string()))?;
+    let addr = listener.local_addr().map_err(|e| err(e.to_string()))?;
+    let app = Router::new()
+        .route("/livez", get(live))
+        .route("/healthz", get(live))
+        .route("/readyz", get(ready))
+        .with_state(health);
+    info!(%addr, "admin server listening on {addr}");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await;
+    });
+    Ok(Some(addr))
+}
+
+async fn live() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, String) {
+    let reasons = health.not_ready();
+    if reasons.is_empty() {
+        (StatusCode::OK, "ready\n".into())
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n") + "\n")
+    }
+}
