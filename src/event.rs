@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use chrono::Utc;
-use cloudevents::{Event, EventBuilder, EventBuilderV10};
+use cloudevents::{AttributesWriter, Event, EventBuilder, EventBuilderV10};
 use kube::api::{ApiResource, DynamicObject};
 
 use crate::config::Verb;
@@ -49,9 +49,47 @@ pub struct Change {
 }
 
 impl Change {
-    pub fn into_cloudevent(self) -> Result<Event, EventError> {
+    pub fn into_cloudevent(self) -> Result<CloudEvent, EventError> {
         let source = self.source.clone();
         source.build(self)
+    }
+}
+
+/// A CloudEvent ready to send: its attributes (a cloudevents-sdk [`Event`] without data, but
+/// with `datacontenttype`) and its data, the object as JSON, serialized once. Sinks use the
+/// bytes as they are (Kafka binary mode) or splice them into the structured form.
+#[derive(Debug, Clone)]
+pub struct CloudEvent {
+    pub attributes: Event,
+    pub data: Vec<u8>,
+}
+
+impl CloudEvent {
+    pub fn id(&self) -> &str {
+        cloudevents::AttributesReader::id(&self.attributes)
+    }
+
+    /// The structured-mode JSON: `{...attributes, "data": <object>}`.
+    pub fn to_structured(&self) -> Vec<u8> {
+        self.structured_with(Some(&self.data))
+    }
+
+    /// The structured-mode JSON without `data` (e.g. when the object is too large).
+    pub fn to_structured_without_data(&self) -> Vec<u8> {
+        self.structured_with(None)
+    }
+
+    fn structured_with(&self, data: Option<&[u8]>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(512 + data.map_or(0, <[u8]>::len));
+        serde_json::to_writer(&mut out, &self.attributes).expect("attributes serialise");
+        if let Some(data) = data {
+            debug_assert_eq!(out.last(), Some(&b'}'));
+            out.pop();
+            out.extend_from_slice(b",\"data\":");
+            out.extend_from_slice(data);
+            out.push(b'}');
+        }
+        out
     }
 }
 
@@ -83,7 +121,7 @@ impl EventSource {
     }
 
     /// Builds the CloudEvent for `change`.
-    pub fn build(&self, change: Change) -> Result<Event, EventError> {
+    pub fn build(&self, change: Change) -> Result<CloudEvent, EventError> {
         let Change { verb, origin, mut object, .. } = change;
         let meta = &object.metadata;
         let uid = meta.uid.clone().filter(|u| !u.is_empty()).ok_or(EventError::MissingField("metadata.uid"))?;
@@ -102,19 +140,20 @@ impl EventSource {
             api_version: self.resource.api_version.clone(),
             kind: self.resource.kind.clone(),
         });
-        let data = serde_json::to_value(&object).map_err(EventError::Serialize)?;
-        EventBuilderV10::new()
+        let data = serde_json::to_vec(&object).map_err(EventError::Serialize)?;
+        let mut attributes = EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
             .source(self.source.clone())
             .ty(format!("{}{}", self.type_prefix, verb.as_str()))
             .subject(subject)
             .time(Utc::now())
-            .data("application/json", data)
             .extension("partitionkey", uid)
             .extension("resourceversion", rv)
             .extension("origin", origin.as_str())
             .build()
-            .map_err(EventError::Build)
+            .map_err(EventError::Build)?;
+        attributes.set_datacontenttype(Some("application/json"));
+        Ok(CloudEvent { attributes, data })
     }
 }
 
@@ -142,7 +181,7 @@ mod tests {
         obj.metadata.resource_version = Some("42".into());
         let ev =
             Change { verb: Verb::Modified, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
-        let json: serde_json::Value = serde_json::to_value(&ev).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&ev.to_structured()).unwrap();
         assert_eq!(json["id"], "u-1:42:modified");
         assert_eq!(json["source"], "k8s://prod/apis/apps/v1/deployments");
         assert_eq!(json["type"], "io.kubecast.apps.Deployment.modified");

@@ -7,6 +7,11 @@ use kubecast::config::Config;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
+/// librdkafka's threads and tokio's workers allocate concurrently; glibc's malloc spent most
+/// of the delivery path's CPU time (see benches/kafka.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);

@@ -79,7 +79,7 @@ const BAD: &[(&str, &str, &[(&str, &str)], &[&str])] = &[
         "unknown top-level key",
         "[clusterr]\nname = \"x\"",
         &[],
-        &["unknown key `clusterr`", "cluster, checkpoint, sink, delivery, resources"],
+        &["unknown key `clusterr`", "cluster, checkpoint, sink, delivery, admin, resources"],
     ),
     (
         "unknown nested key",

@@ -7,7 +7,6 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use cloudevents::AttributesReader;
 use rdkafka::message::{Header, OwnedHeaders};
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
@@ -105,14 +104,17 @@ impl DeadLetter {
                 .map_err(|e| format!("{}: {e}", path.display()))?;
             *guard = Some(f);
         }
+        // {"reason":..,"destination":..,"failed_at":..,"event":<the structured event>}
         let mut line = serde_json::to_vec(&json!({
             "reason": reason,
             "destination": destination,
             "failed_at": chrono::Utc::now().to_rfc3339(),
-            "event": msg.event,
         }))
         .map_err(|e| e.to_string())?;
-        line.push(b'\n');
+        line.pop();
+        line.extend_from_slice(b",\"event\":");
+        line.extend_from_slice(&msg.event.to_structured());
+        line.extend_from_slice(b"}\n");
         let f = guard.as_mut().expect("opened above");
         f.write_all(&line).await.map_err(|e| format!("{}: {e}", path.display()))?;
         f.flush().await.map_err(|e| format!("{}: {e}", path.display()))
@@ -131,15 +133,14 @@ impl DeadLetter {
             h.insert(Header { key: "kubecast_dead_letter_reason", value: Some(reason) })
                 .insert(Header { key: "kubecast_original_destination", value: Some(destination) })
         };
-        let (payload, h) = kafka::encode(&msg.event, kafka::Mode::Structured).map_err(|e| e.to_string())?;
+        let (payload, h) = kafka::encode(&msg.event, kafka::Mode::Structured);
         match k.send_raw(topic, &msg.key, &payload, headers(h)).await {
             Ok(()) => Ok(()),
             // Too large for the dead-letter topic as well: keep the event's attributes only.
             Err(SendError::Permanent(_)) => {
-                let mut small = msg.event.clone();
-                small.take_data();
-                let (payload, h) = kafka::encode(&small, kafka::Mode::Structured).map_err(|e| e.to_string())?;
+                let (_, h) = kafka::encode(&msg.event, kafka::Mode::Structured);
                 let h = h.insert(Header { key: "kubecast_data_dropped", value: Some("true") });
+                let payload = msg.event.to_structured_without_data();
                 k.send_raw(topic, &msg.key, &payload, headers(h)).await.map_err(|e| e.to_string())
             }
             Err(e) => Err(e.to_string()),

@@ -12,7 +12,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cloudevents::AttributesReader;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use governor::DefaultDirectRateLimiter;

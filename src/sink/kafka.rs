@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cloudevents::event::{AttributeValue, ExtensionValue};
-use cloudevents::{Data, Event};
+use std::borrow::Cow;
+
+use crate::event::CloudEvent;
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -209,7 +211,7 @@ impl KafkaSink {
 
     pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
         let topic = self.destination(msg);
-        let (payload, headers) = encode(&msg.event, self.mode).map_err(|e| SendError::Permanent(e.to_string()))?;
+        let (payload, headers) = encode(&msg.event, self.mode);
         self.produce(&topic, &msg.key, Some(&payload), headers).await?;
         if self.tombstones && msg.fields.verb == "deleted" {
             self.produce(&topic, &msg.key, None, OwnedHeaders::new()).await?;
@@ -307,40 +309,44 @@ pub fn clean_topic_part(s: &str) -> String {
 }
 
 /// The record value and headers of `event` in `mode`.
-pub fn encode(event: &Event, mode: Mode) -> Result<(Vec<u8>, OwnedHeaders), serde_json::Error> {
+pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
     match mode {
         Mode::Structured => {
-            let headers = OwnedHeaders::new()
+            let headers = OwnedHeaders::new_with_capacity(1)
                 .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
-            Ok((serde_json::to_vec(event)?, headers))
+            (Cow::Owned(event.to_structured()), headers)
         }
-        Mode::Binary => {
-            let mut headers = OwnedHeaders::new();
-            for (name, value) in event.iter_attributes() {
-                let v = attribute_string(&value);
-                if name == "datacontenttype" {
-                    headers = headers.insert(Header { key: "content-type", value: Some(&v) });
-                } else {
-                    headers = headers.insert(Header { key: &format!("ce_{name}"), value: Some(&v) });
-                }
-            }
-            for (name, value) in event.iter_extensions() {
-                let v = match value {
-                    ExtensionValue::String(s) => s.clone(),
-                    ExtensionValue::Boolean(b) => b.to_string(),
-                    ExtensionValue::Integer(i) => i.to_string(),
-                };
-                headers = headers.insert(Header { key: &format!("ce_{name}"), value: Some(&v) });
-            }
-            let payload = match event.data() {
-                Some(Data::Json(v)) => serde_json::to_vec(v)?,
-                Some(Data::String(s)) => s.clone().into_bytes(),
-                Some(Data::Binary(b)) => b.clone(),
-                None => Vec::new(),
-            };
-            Ok((payload, headers))
+        Mode::Binary => (Cow::Borrowed(&event.data), binary_headers(&event.attributes)),
+    }
+}
+
+/// Binary mode: `content-type` from `datacontenttype`, `ce_<name>` for everything else.
+fn binary_headers(attributes: &cloudevents::Event) -> OwnedHeaders {
+    let mut headers = OwnedHeaders::new_with_capacity(12);
+    let mut key = String::with_capacity(24);
+    for (name, value) in attributes.iter_attributes() {
+        let v = attribute_string(&value);
+        if name == "datacontenttype" {
+            headers = headers.insert(Header { key: "content-type", value: Some(&v) });
+        } else {
+            key.clear();
+            key.push_str("ce_");
+            key.push_str(name);
+            headers = headers.insert(Header { key: &key, value: Some(&v) });
         }
     }
+    for (name, value) in attributes.iter_extensions() {
+        key.clear();
+        key.push_str("ce_");
+        key.push_str(name);
+        let v = match value {
+            ExtensionValue::String(s) => Cow::Borrowed(s.as_str()),
+            ExtensionValue::Boolean(b) => Cow::Owned(b.to_string()),
+            ExtensionValue::Integer(i) => Cow::Owned(i.to_string()),
+        };
+        headers = headers.insert(Header { key: &key, value: Some(v.as_ref()) });
+    }
+    headers
 }
 
 fn attribute_string(v: &AttributeValue<'_>) -> String {

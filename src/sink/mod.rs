@@ -12,14 +12,13 @@ pub mod template;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloudevents::Event;
-
 pub use file::FileSink;
 pub use kafka::KafkaSink;
 pub use stdout::StdoutSink;
 use template::{Fields, Template};
 
 use crate::config::{SinkConfig, SinkType};
+use crate::event::CloudEvent;
 
 /// Errors opening or closing a sink (fatal at start).
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +54,7 @@ pub enum SendError {
 /// One event on its way out.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    pub event: Event,
+    pub event: CloudEvent,
     /// The ordering key: `partitionkey`, the object's uid.
     pub key: String,
     /// Values for destination templates.
@@ -127,8 +126,8 @@ impl Sink {
 }
 
 /// Structured-mode CloudEvent JSON followed by a newline (one event per line).
-pub fn structured_line(event: &Event) -> Result<Vec<u8>, SendError> {
-    let mut line = serde_json::to_vec(event).map_err(|e| SendError::Permanent(format!("cannot encode: {e}")))?;
+pub fn structured_line(event: &CloudEvent) -> Result<Vec<u8>, SendError> {
+    let mut line = event.to_structured();
     line.push(b'\n');
     Ok(line)
 }
