@@ -6,7 +6,8 @@
 //!
 //! The stream is "recorded" deterministically: ~10 KB Pods (labels, annotations,
 //! managedFields, five containers with env, status), each object modified several times.
-//! kubecast's side runs the library's own path for each change: CloudEvent building, the
+//! kubecast's side runs the library's own path for each change: decoding the object's identity
+//! from the watch's JSON (the rest is passed through untouched), CloudEvent building, the
 //! outbound queue (per-object order, `max_in_flight` 1000), the Kafka sink (binary mode: `ce_*`
 //! headers, value = the object) with delivery reports, and the acknowledgement watermark. The
 //! raw side sends the same object JSON with the same key, 1000 in flight. Needs the test
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{ApiResource, GroupVersionKind};
 use kubecast::ack::{Effect, IndexOp, StreamCheckpoint};
 use kubecast::checkpoint::{CheckpointStore, IndexEntry, StreamKey};
 use kubecast::config::Verb;
@@ -27,6 +28,7 @@ use kubecast::delivery::queue::{Job, Queue};
 use kubecast::delivery::retry::RetryPolicy;
 use kubecast::delivery::{DeadLetterConfig, DeliveryConfig};
 use kubecast::event::{Change, EventSource, Origin};
+use kubecast::object::RawObject;
 use kubecast::sink::kafka::KafkaConfig;
 use kubecast::sink::template::Fields;
 use kubecast::sink::{Outbound, Sink};
@@ -57,8 +59,8 @@ async fn main() {
     let brokers = env.lines().find_map(|l| l.strip_prefix("KAFKA_BROKERS=")).expect("KAFKA_BROKERS").to_string();
 
     let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
-    let recording = record(events, &ar);
-    let bytes: usize = recording.iter().map(|o| serde_json::to_vec(o).unwrap().len()).sum();
+    let recording = record(events);
+    let bytes: usize = recording.iter().map(Vec::len).sum();
     println!(
         "recorded stream: {events} events over {OBJECTS} Pods, {:.1} KB per object on average",
         bytes as f64 / events as f64 / 1024.0
@@ -88,15 +90,13 @@ async fn main() {
     println!("kubecast events per CPU second: {:.0} (goal >= 20000 on one core)", events as f64 / kc_cpu.max(1e-9));
 }
 
-/// `events` changes of `OBJECTS` Pods, ~10 KB each, in the order a watch would deliver them.
-fn record(events: usize, ar: &ApiResource) -> Vec<DynamicObject> {
+/// `events` changes of `OBJECTS` Pods, ~10 KB each, as the JSON text a watch delivers them in.
+fn record(events: usize) -> Vec<Vec<u8>> {
     (0..events)
         .map(|i| {
-            let n = i % OBJECTS;
-            let mut o: DynamicObject = serde_json::from_value(pod(n, i / OBJECTS)).unwrap();
-            o.types = Some(kube::api::TypeMeta { api_version: ar.api_version.clone(), kind: ar.kind.clone() });
-            o.metadata.resource_version = Some((1000 + i).to_string());
-            o
+            let mut pod = pod(i % OBJECTS, i / OBJECTS);
+            pod["metadata"]["resourceVersion"] = (1000 + i).to_string().into();
+            serde_json::to_vec(&pod).unwrap()
         })
         .collect()
 }
@@ -134,15 +134,18 @@ fn pod(n: usize, generation: usize) -> Value {
 }
 
 /// A raw idempotent producer sending each object's JSON with its uid as key, 1000 in flight.
-async fn raw(brokers: &str, topic: &str, recording: &[DynamicObject]) -> (f64, f64) {
+async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>]) -> (f64, f64) {
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .create()
         .unwrap();
-    let payloads: Vec<(String, Vec<u8>)> =
-        recording.iter().map(|o| (o.metadata.uid.clone().unwrap(), serde_json::to_vec(o).unwrap())).collect();
+    // The key (uid) is known to a raw producer in advance; kubecast must read it from the JSON.
+    let payloads: Vec<(String, &[u8])> = recording
+        .iter()
+        .map(|b| (serde_json::from_slice::<RawObject>(b).unwrap().metadata.uid.unwrap(), b.as_slice()))
+        .collect();
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
     let mut in_flight: FuturesUnordered<
         std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), rdkafka::error::KafkaError>> + '_>>,
@@ -154,7 +157,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[DynamicObject]) -> (f64, f
         let producer = producer.clone();
         in_flight.push(Box::pin(async move {
             producer
-                .send(FutureRecord::to(topic).key(key).payload(payload), Timeout::Never)
+                .send(FutureRecord::to(topic).key(key).payload(*payload), Timeout::Never)
                 .await
                 .map(|_| ())
                 .map_err(|(e, _)| e)
@@ -168,7 +171,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[DynamicObject]) -> (f64, f
 }
 
 /// The same stream through kubecast's delivery path.
-async fn kubecast(brokers: &str, topic: &str, recording: &[DynamicObject], ar: &ApiResource) -> (f64, f64) {
+async fn kubecast(brokers: &str, topic: &str, recording: &[Vec<u8>], ar: &ApiResource) -> (f64, f64) {
     let sink = Arc::new(Sink::Kafka(
         kubecast::sink::KafkaSink::new(&KafkaConfig {
             brokers: brokers.to_string(),
@@ -207,7 +210,9 @@ async fn kubecast(brokers: &str, topic: &str, recording: &[DynamicObject], ar: &
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
     let (tx, rx) = mpsc::channel::<Job>(1024);
     let producer = tokio::spawn(async move {
-        for (seq, object) in recording.into_iter().enumerate() {
+        for (seq, bytes) in recording.into_iter().enumerate() {
+            // What the reflector does with a watch event's object: decode only its identity.
+            let object: RawObject = serde_json::from_slice(&bytes).unwrap();
             let uid = object.metadata.uid.clone().unwrap();
             let rv = object.metadata.resource_version.clone().unwrap();
             let entry = IndexEntry {

@@ -13,9 +13,10 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use cloudevents::{AttributesWriter, Event, EventBuilder, EventBuilderV10};
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::ApiResource;
 
 use crate::config::Verb;
+use crate::object::RawObject;
 
 /// Where an event's change was observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +44,7 @@ impl Origin {
 pub struct Change {
     pub verb: Verb,
     pub origin: Origin,
-    pub object: DynamicObject,
+    pub object: RawObject,
     /// The resource type's event attributes (shared by all changes of a stream).
     pub source: Arc<EventSource>,
 }
@@ -122,7 +123,7 @@ impl EventSource {
 
     /// Builds the CloudEvent for `change`.
     pub fn build(&self, change: Change) -> Result<CloudEvent, EventError> {
-        let Change { verb, origin, mut object, .. } = change;
+        let Change { verb, origin, object, .. } = change;
         let meta = &object.metadata;
         let uid = meta.uid.clone().filter(|u| !u.is_empty()).ok_or(EventError::MissingField("metadata.uid"))?;
         let rv = meta
@@ -135,12 +136,8 @@ impl EventSource {
             Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
             _ => name,
         };
-        // List items come without apiVersion/kind; make every payload self-describing.
-        object.types = Some(kube::api::TypeMeta {
-            api_version: self.resource.api_version.clone(),
-            kind: self.resource.kind.clone(),
-        });
-        let data = serde_json::to_vec(&object).map_err(EventError::Serialize)?;
+        // List items come without apiVersion/kind; every payload describes itself.
+        let data = object.to_json_bytes(&self.resource);
         let mut attributes = EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
             .source(self.source.clone())
@@ -161,8 +158,6 @@ impl EventSource {
 pub enum EventError {
     #[error("object has no {0}; it cannot be given a stable event id")]
     MissingField(&'static str),
-    #[error("object cannot be serialised: {0}")]
-    Serialize(serde_json::Error),
     #[error("invalid CloudEvent: {0}")]
     Build(cloudevents::event::EventBuilderError),
 }
@@ -176,9 +171,10 @@ mod tests {
     fn contract() {
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("apps", "v1", "Deployment"), "deployments");
         let src = Arc::new(EventSource::new("prod", &ar));
-        let mut obj = DynamicObject::new("web", &ar).within("shop");
-        obj.metadata.uid = Some("u-1".into());
-        obj.metadata.resource_version = Some("42".into());
+        let obj = RawObject::from_value(
+            &serde_json::json!({"metadata": {"name": "web", "namespace": "shop", "uid": "u-1", "resourceVersion": "42"}}),
+        )
+        .unwrap();
         let ev =
             Change { verb: Verb::Modified, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
         let json: serde_json::Value = serde_json::from_slice(&ev.to_structured()).unwrap();

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::TryStreamExt;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, WatchEvent, WatchParams};
+use kube::api::{Api, ApiResource, GroupVersionKind, ListParams, ObjectMeta, WatchEvent, WatchParams};
 use kube::discovery::{self, Scope};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +64,7 @@ use crate::checkpoint::{Checkpoint, Index, IndexEntry};
 use crate::config::{Initial, MissingKind, Verb};
 use crate::event::{Change, EventSource, Origin};
 use crate::kubeapi::ApiLimiter;
+use crate::object::RawObject;
 
 /// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
@@ -132,7 +133,7 @@ pub enum ReflectorError {
 
 /// Resolved once the kind is served.
 struct Target {
-    api: Api<DynamicObject>,
+    api: Api<RawObject>,
     source: Arc<EventSource>,
 }
 
@@ -289,7 +290,7 @@ impl Reflector {
         self.tx.send(item).await.map_err(|_| Closed)
     }
 
-    fn change(&self, verb: Verb, origin: Origin, object: DynamicObject) -> Change {
+    fn change(&self, verb: Verb, origin: Origin, object: RawObject) -> Change {
         Change { verb, origin, object, source: self.target().source.clone() }
     }
 
@@ -316,7 +317,7 @@ impl Reflector {
     }
 
     /// Diffs one listed object against the index and emits its change, if any.
-    async fn diff_item(&mut self, diff: &mut ListDiff, obj: DynamicObject) -> Result<(), Closed> {
+    async fn diff_item(&mut self, diff: &mut ListDiff, obj: RawObject) -> Result<(), Closed> {
         let Some((uid, entry)) = index_entry(&obj.metadata) else {
             warn!(stream = %self.spec.name, "listed object without uid/name/resourceVersion skipped");
             return Ok(());
@@ -537,7 +538,7 @@ impl Reflector {
         started: Instant,
     ) -> Result<Result<State, Closed>, ReflectorError>
     where
-        S: futures::Stream<Item = Result<WatchEvent<DynamicObject>, kube::Error>>,
+        S: futures::Stream<Item = Result<WatchEvent<RawObject>, kube::Error>>,
     {
         let idle = self.idle_timeout();
         loop {
@@ -641,10 +642,11 @@ fn index_entry(meta: &ObjectMeta) -> Option<(String, IndexEntry)> {
 }
 
 /// The last known identity of an object deleted while the stream was not watching.
-fn tombstone(ar: &ApiResource, uid: &str, entry: &IndexEntry) -> DynamicObject {
-    let mut obj = DynamicObject::new(&entry.name, ar);
-    obj.metadata.namespace = entry.namespace.clone();
-    obj.metadata.uid = Some(uid.to_string());
-    obj.metadata.resource_version = Some(entry.resource_version.clone());
-    obj
+fn tombstone(ar: &ApiResource, uid: &str, entry: &IndexEntry) -> RawObject {
+    let mut metadata = serde_json::json!({"name": entry.name, "uid": uid, "resourceVersion": entry.resource_version});
+    if let Some(ns) = &entry.namespace {
+        metadata["namespace"] = ns.clone().into();
+    }
+    RawObject::from_value(&serde_json::json!({"apiVersion": ar.api_version, "kind": ar.kind, "metadata": metadata}))
+        .expect("a tombstone is valid JSON")
 }
