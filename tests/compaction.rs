@@ -7,42 +7,15 @@ mod common;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use common::{Kubecast, TestNamespace, about, verb};
-use futures::{StreamExt, TryStreamExt};
+use common::{Kubecast, TestNamespace, about, cm_config, create_cms, names, verb};
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const GRACE: Duration = Duration::from_millis(1500);
-
-fn cm_config(ns: &str, extra_cluster: &str) -> String {
-    format!(
-        "[cluster]\nname = \"e2e\"\n{extra_cluster}\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n"
-    )
-}
-
-async fn create_cms(client: &Client, ns: &str, names: &[String]) -> HashMap<String, (String, String)> {
-    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
-    futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let api = api.clone();
-            async move {
-                let cm: ConfigMap =
-                    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}})).unwrap();
-                let c = api.create(&PostParams::default(), &cm).await.expect("create");
-                (name, (c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()))
-            }
-        })
-        .buffer_unordered(8)
-        .collect()
-        .await
-}
-
-fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
-    range.map(|i| format!("{prefix}{i:02}")).collect()
-}
 
 /// 100 changes: 30 updates (c00..c29), 20 deletes (c30..c49), 50 creates (n00..n49).
 /// Returns the ids of the updates and creates, and the uids of the deleted objects.

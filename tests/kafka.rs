@@ -7,11 +7,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
-use common::{Kubecast, TestNamespace, client};
+use common::{Kubecast, TestNamespace, client, create_cm};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -136,11 +135,6 @@ fn sink_toml(topic: &str, more: &str) -> String {
     )
 }
 
-async fn create_cm(client: &Client, ns: &str, name: &str, data: Value) -> ConfigMap {
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}, "data": data})).unwrap();
-    Api::<ConfigMap>::namespaced(client.clone(), ns).create(&PostParams::default(), &cm).await.expect("create")
-}
-
 fn cluster_name() -> String {
     common::unique("k").replace('_', "-")
 }
@@ -185,7 +179,9 @@ async fn binary_mode_headers_key_and_per_object_order() {
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     let mut uids = Vec::new();
     for i in 0..5 {
-        uids.push(create_cm(&client, &ns.name, &format!("o{i}"), json!({"v": "0"})).await.metadata.uid.unwrap());
+        uids.push(
+            create_cm(&client, &ns.name, &format!("o{i}"), json!({}), json!({"v": "0"})).await.metadata.uid.unwrap(),
+        );
     }
     for v in 1..=5 {
         for i in 0..5 {
@@ -237,7 +233,7 @@ async fn structured_mode_per_resource_topic_and_tombstones() {
         "",
     )
     .await;
-    let cm = create_cm(&client, &ns.name, "s", json!({"v": "1"})).await;
+    let cm = create_cm(&client, &ns.name, "s", json!({}), json!({"v": "1"})).await;
     let uid = cm.metadata.uid.unwrap();
     Api::<ConfigMap>::namespaced(client.clone(), &ns.name).delete("s", &DeleteParams::default()).await.unwrap();
     let records = consume_until(&topic, "added, deleted and a tombstone", |r| r.len() >= 3).await;
@@ -280,8 +276,8 @@ async fn a_record_over_the_broker_limit_goes_to_the_dead_letter_and_the_stream_g
         "flush_interval_ms = 100",
     )
     .await;
-    let big = create_cm(&client, &ns.name, "big", json!({"v": "1", "blob": "x".repeat(50_000)})).await;
-    let small = create_cm(&client, &ns.name, "small", json!({"v": "1"})).await;
+    let big = create_cm(&client, &ns.name, "big", json!({}), json!({"v": "1", "blob": "x".repeat(50_000)})).await;
+    let small = create_cm(&client, &ns.name, "small", json!({}), json!({"v": "1"})).await;
     Api::<ConfigMap>::namespaced(client.clone(), &ns.name)
         .patch("big", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "2", "blob": "y"}})))
         .await
@@ -316,7 +312,7 @@ async fn the_rate_limit_is_observed() {
     let cluster = cluster_name();
     let topic = format!("rate.{cluster}");
     for i in 0..60 {
-        create_cm(&client, &ns.name, &format!("r{i:02}"), json!({"v": "0"})).await;
+        create_cm(&client, &ns.name, &format!("r{i:02}"), json!({}), json!({"v": "0"})).await;
     }
     let mut kc = start_kafka(
         &kafka_config(&cluster, &ns.name, ""),
@@ -341,7 +337,7 @@ async fn an_unreachable_broker_is_a_clear_error_and_loses_nothing() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "kafka-down").await;
     let cluster = cluster_name();
-    create_cm(&client, &ns.name, "kept", json!({"v": "1"})).await;
+    create_cm(&client, &ns.name, "kept", json!({}), json!({"v": "1"})).await;
     // Nothing listens on port 1.
     let bad = "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"127.0.0.1:1\"\ntopic = \"down.{cluster}\"\n[sink.kafka.properties]\n\"message.timeout.ms\" = \"3000\"\n[delivery]\nshutdown_timeout_seconds = 2\n";
     let mut kc = start_kafka(&kafka_config(&cluster, &ns.name, ""), bad, "flush_interval_ms = 100").await;
@@ -376,7 +372,7 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
     let ns = TestNamespace::new(&client, "kafka-outage").await;
     let cluster = cluster_name();
     let topic = format!("outage.{cluster}");
-    create_cm(&client, &ns.name, "before", json!({"v": "0"})).await;
+    create_cm(&client, &ns.name, "before", json!({}), json!({"v": "0"})).await;
     let mut kc =
         start_kafka(&kafka_config(&cluster, &ns.name, ""), &sink_toml(&topic, ""), "flush_interval_ms = 100").await;
     consume_until(&topic, "the snapshot", |r| !r.is_empty()).await;
@@ -397,7 +393,7 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
             let client = client.clone();
             let ns = ns.name.clone();
             async move {
-                create_cm(&client, &ns, &format!("c{i:03}"), json!({"v": "0"})).await;
+                create_cm(&client, &ns, &format!("c{i:03}"), json!({}), json!({"v": "0"})).await;
             }
         })
         .await;
@@ -476,7 +472,7 @@ async fn refused_credentials_are_a_clear_error_and_the_secret_is_never_logged() 
     let ns = TestNamespace::new(&client, "kafka-auth").await;
     let cluster = cluster_name();
     let topic = format!("auth.{cluster}");
-    create_cm(&client, &ns.name, "waiting", json!({"v": "1"})).await;
+    create_cm(&client, &ns.name, "waiting", json!({}), json!({"v": "1"})).await;
     let sasl = |password_var: &str| {
         format!(
             "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:{password_var}}}\"\n[delivery]\nshutdown_timeout_seconds = 2\n",

@@ -4,11 +4,10 @@
 
 mod common;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
-use common::{Kubecast, TestNamespace, about, client, verb};
-use futures::StreamExt;
+use common::{Kubecast, TestNamespace, about, client, cm_config, create_cms, names, verb};
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
@@ -18,37 +17,9 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(90);
 const GRACE: Duration = Duration::from_millis(1500);
 
-fn cm_config(ns: &str) -> String {
-    format!(
-        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n"
-    )
-}
-
-/// Creates `names` concurrently; returns name -> (uid, resourceVersion).
-async fn create_cms(client: &Client, ns: &str, names: &[String]) -> HashMap<String, (String, String)> {
-    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
-    futures::stream::iter(names.iter().cloned())
-        .map(|name| {
-            let api = api.clone();
-            async move {
-                let cm: ConfigMap =
-                    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"v": "0"}})).unwrap();
-                let c = api.create(&PostParams::default(), &cm).await.expect("create");
-                (name, (c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()))
-            }
-        })
-        .buffer_unordered(8)
-        .collect()
-        .await
-}
-
 async fn update_cm(api: &Api<ConfigMap>, name: &str, v: &str) -> (String, String) {
     let c = api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": v}}))).await.expect("patch");
     (c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap())
-}
-
-fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
-    range.map(|i| format!("{prefix}{i:02}")).collect()
 }
 
 fn ids(evs: &[Value]) -> Vec<String> {
@@ -80,7 +51,7 @@ async fn kill_9_then_100_changes_while_down_are_emitted_exactly_and_nothing_else
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     let existing = create_cms(&client, &ns.name, &names("c", 0..60)).await;
 
-    let mut kc = Kubecast::start_with_checkpoint(&cm_config(&ns.name), "flush_interval_ms = 100", &[]);
+    let mut kc = Kubecast::start_with_checkpoint(&cm_config(&ns.name, ""), "flush_interval_ms = 100", &[]);
     kc.wait_for("60 snapshot events", WAIT, |e| e.len() >= 60).await;
     // One live change, then wait until the checkpoint has it.
     let (uid0, rv0) = update_cm(&api, "c00", "live").await;
@@ -149,7 +120,7 @@ async fn a_corrupt_checkpoint_is_a_clear_error_never_a_silent_replay() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "corrupt").await;
     create_cms(&client, &ns.name, &names("c", 0..3)).await;
-    let mut kc = Kubecast::start(&cm_config(&ns.name));
+    let mut kc = Kubecast::start(&cm_config(&ns.name, ""));
     kc.wait_for("snapshot", WAIT, |e| e.len() == 3).await;
     assert!(kc.stop().success());
     let state = kc.dir.path().join("state");
@@ -180,16 +151,16 @@ async fn a_changed_selector_gets_its_own_checkpoint_and_initial_now_emits_only_n
     let ns = TestNamespace::new(&client, "query").await;
     create_cms(&client, &ns.name, &names("c", 0..5)).await;
 
-    let mut kc = Kubecast::start(&cm_config(&ns.name));
+    let mut kc = Kubecast::start(&cm_config(&ns.name, ""));
     kc.wait_for("snapshot", WAIT, |e| e.len() == 5).await;
     assert!(kc.stop().success());
 
     // Same directory, another query: a new checkpoint file, the old one untouched and unused.
     let old = checkpoint_of(&kc);
-    let cfg = format!("{}field_selector = \"metadata.name!=c00\"\ninitial = \"now\"\n", cm_config(&ns.name));
+    let cfg = format!("{}field_selector = \"metadata.name!=c00\"\ninitial = \"now\"\n", cm_config(&ns.name, ""));
     std::fs::write(
         kc.dir.path().join("kubecast.toml"),
-        std::fs::read_to_string(kc.dir.path().join("kubecast.toml")).unwrap().replace(&cm_config(&ns.name), &cfg),
+        std::fs::read_to_string(kc.dir.path().join("kubecast.toml")).unwrap().replace(&cm_config(&ns.name, ""), &cfg),
     )
     .unwrap();
     kc.restart(&[]);

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Kubecast, TestNamespace, about, client, verb};
+use common::{Kubecast, TestNamespace, about, client, create_cm, verb};
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -16,17 +16,6 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(60);
 /// After the last expected event, how long we keep looking for unexpected extra events.
 const GRACE: Duration = Duration::from_millis(1500);
-
-async fn create_cm(client: &Client, ns: &str, name: &str, labels: Value, data: Value) -> ConfigMap {
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": labels}, "data": data
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("create configmap")
-}
 
 fn has(evs: &[Value], subject: &str, verb_: &str) -> bool {
     evs.iter().any(|e| e["subject"] == subject && verb(e) == verb_)

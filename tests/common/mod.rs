@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Client;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::Value;
@@ -75,6 +75,43 @@ pub async fn client_for(kubeconfig: &str) -> Client {
     let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
     Client::try_from(cfg).expect("client")
+}
+
+/// Creates a ConfigMap with `labels` and `data`.
+pub async fn create_cm(client: &Client, ns: &str, name: &str, labels: Value, data: Value) -> ConfigMap {
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels}, "data": data
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create configmap")
+}
+
+/// Creates ConfigMaps `names` (data `v = "0"`) concurrently; returns name -> (uid, resourceVersion).
+pub async fn create_cms(client: &Client, ns: &str, names: &[String]) -> HashMap<String, (String, String)> {
+    use futures::StreamExt;
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| async move {
+            let c = create_cm(client, ns, &name, serde_json::json!({}), serde_json::json!({"v": "0"})).await;
+            (name, (c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()))
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await
+}
+
+/// `prefix00`, `prefix01`, ... for `range`.
+pub fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}{i:02}")).collect()
+}
+
+/// A config watching the ConfigMaps of `ns`, with `cluster_extra` lines in `[cluster]`.
+pub fn cm_config(ns: &str, cluster_extra: &str) -> String {
+    format!(
+        "[cluster]\nname = \"e2e\"\n{cluster_extra}\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n"
+    )
 }
 
 /// A unique name with a readable prefix.
