@@ -137,7 +137,7 @@ impl EventSource {
             _ => name,
         };
         // List items come without apiVersion/kind; every payload describes itself.
-        let data = object.to_json_bytes(&self.resource);
+        let data = object.into_json_bytes(&self.resource);
         let mut attributes = EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
             .source(self.source.clone())

@@ -63,11 +63,13 @@ impl RawObject {
 
     /// The object's JSON, with `apiVersion` and `kind` added when it came without them (as
     /// items of a list do), so that every payload describes itself.
-    pub fn to_json_bytes(&self, ar: &ApiResource) -> Vec<u8> {
-        let text = self.raw.get().as_bytes();
+    pub fn into_json_bytes(self, ar: &ApiResource) -> Vec<u8> {
         if self.has_type {
-            return text.to_vec();
+            // No copy: the text the apiserver sent becomes the data.
+            let text: Box<str> = self.raw.into();
+            return text.into_boxed_bytes().into_vec();
         }
+        let text = self.raw.get().as_bytes();
         let rest = text.strip_prefix(b"{").unwrap_or(text);
         let mut out = Vec::with_capacity(text.len() + 64);
         out.extend_from_slice(b"{\"apiVersion\":");
@@ -136,7 +138,7 @@ mod tests {
         assert!(o.metadata.labels.is_none(), "nothing else decoded");
         assert!(!o.has_type);
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps");
-        let v: serde_json::Value = serde_json::from_slice(&o.to_json_bytes(&ar)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.clone().into_json_bytes(&ar)).unwrap();
         assert_eq!(v["apiVersion"], "v1");
         assert_eq!(v["kind"], "ConfigMap");
         assert_eq!(v["data"]["k"], "v");
@@ -145,10 +147,10 @@ mod tests {
         let typed: RawObject =
             serde_json::from_str(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#).unwrap();
         assert!(typed.has_type);
-        assert_eq!(typed.to_json_bytes(&ar), br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#);
+        assert_eq!(typed.into_json_bytes(&ar), br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#);
         let empty: RawObject = serde_json::from_str("{}").unwrap();
         assert_eq!(
-            serde_json::from_slice::<serde_json::Value>(&empty.to_json_bytes(&ar)).unwrap()["kind"],
+            serde_json::from_slice::<serde_json::Value>(&empty.into_json_bytes(&ar)).unwrap()["kind"],
             "ConfigMap"
         );
     }
