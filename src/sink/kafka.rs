@@ -301,11 +301,15 @@ impl KafkaSink {
 
 /// Kafka topic names allow `[a-zA-Z0-9._-]`: other characters become `_`; an empty field
 /// (the namespace of a cluster-scoped object) becomes `_`.
-pub fn clean_topic_part(s: &str) -> String {
+pub fn clean_topic_part(s: &str) -> Cow<'_, str> {
+    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if s.is_empty() {
-        return "_".into();
+        Cow::Borrowed("_")
+    } else if s.chars().all(ok) {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(s.chars().map(|c| if ok(c) { c } else { '_' }).collect())
     }
-    s.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '_' }).collect()
 }
 
 /// The record value and headers of `event` in `mode`.

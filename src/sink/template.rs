@@ -64,7 +64,7 @@ impl Template {
     }
 
     /// Renders with each field value passed through `clean` (the sink's naming rules).
-    pub fn render(&self, f: &Fields, clean: impl Fn(&str) -> String) -> String {
+    pub fn render<'a>(&self, f: &'a Fields, clean: impl Fn(&'a str) -> std::borrow::Cow<'a, str>) -> String {
         let mut out = String::with_capacity(self.source.len() + 32);
         for p in &self.parts {
             match p {
@@ -107,7 +107,7 @@ mod tests {
             verb: "added".into(),
             ..Default::default()
         };
-        assert_eq!(t.render(&f, |s| s.to_string()), "kubecast.c.apps.deployments-added");
+        assert_eq!(t.render(&f, std::borrow::Cow::Borrowed), "kubecast.c.apps.deployments-added");
         assert!(Template::parse("x.{nope}").is_err());
         assert!(Template::parse("x.{cluster").is_err());
         assert!(Template::parse("x}").is_err());
