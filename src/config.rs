@@ -559,7 +559,7 @@ fn is_api_version(s: &str) -> bool {
     };
     match s.split_once('/') {
         None => version_ok(s),
-        Some((g, v)) => !g.is_empty() && g.split('.').all(|part| is_dns_label(part)) && version_ok(v),
+        Some((g, v)) => !g.is_empty() && g.split('.').all(is_dns_label) && version_ok(v),
     }
 }
 

@@ -319,9 +319,8 @@ async fn persist_periodically(checkpoints: Vec<Arc<StreamCheckpoint>>, every: Du
         for cp in &checkpoints {
             let cp = cp.clone();
             // File I/O off the async workers.
-            match tokio::task::spawn_blocking(move || cp.persist_if_dirty()).await {
-                Ok(Err(e)) => error!(error = %e, "checkpoint not written; retrying at the next interval"),
-                Ok(Ok(_)) | Err(_) => {}
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || cp.persist_if_dirty()).await {
+                error!(error = %e, "checkpoint not written; retrying at the next interval");
             }
         }
     }
