@@ -14,6 +14,7 @@ use crate::admin::AdminConfig;
 use crate::delivery::DeliveryConfig;
 use crate::selector;
 use crate::sink::kafka::KafkaConfig;
+use crate::sink::nats::NatsConfig;
 use crate::sink::template::Template;
 
 /// The configuration used when `--config` is not given (also the demo's).
@@ -155,6 +156,9 @@ pub struct SinkConfig {
     /// For `type = "kafka"`.
     #[serde(default)]
     pub kafka: Option<KafkaConfig>,
+    /// For `type = "nats"`.
+    #[serde(default)]
+    pub nats: Option<NatsConfig>,
 }
 
 /// A change verb as configured in `events` and used in CloudEvent types.
@@ -205,9 +209,12 @@ pub struct ResourceConfig {
     /// starts the stream when it appears; `fail` stops kubecast with an error.
     #[serde(default)]
     pub missing_kind: MissingKind,
-    /// This resource's destination template, overriding the sink's (`[sink.kafka] topic`).
+    /// This resource's Kafka topic template, overriding `[sink.kafka] topic`.
     #[serde(default)]
     pub topic: Option<String>,
+    /// This resource's NATS subject template, overriding `[sink.nats] subject`.
+    #[serde(default)]
+    pub subject: Option<String>,
     /// This resource's own events-per-second limit, within `[delivery] rate_per_second`.
     #[serde(default)]
     pub rate_per_second: Option<u32>,
@@ -248,6 +255,15 @@ impl ResourceConfig {
 
     pub fn wants(&self, verb: Verb) -> bool {
         self.events.contains(&verb)
+    }
+
+    /// This resource's own destination template for `sink` (`topic` or `subject`).
+    pub fn route(&self, sink: SinkType) -> Option<&str> {
+        match sink {
+            SinkType::Kafka => self.topic.as_deref(),
+            SinkType::Nats => self.subject.as_deref(),
+            SinkType::Stdout | SinkType::File => None,
+        }
     }
 
     /// Short human description, e.g. `apps/v1 Deployment`.
@@ -351,10 +367,10 @@ impl Config {
                 format!("is only used by sink.type = \"file\", but sink.type = \"{}\"", self.sink.kind),
                 "remove sink.path, or set sink.type = \"file\"",
             ),
-            SinkType::Nats => push(
-                "sink.type".into(),
-                format!("\"{}\" is not available in this version yet", self.sink.kind),
-                "use \"stdout\", \"file\" or \"kafka\"",
+            SinkType::Nats if self.sink.nats.is_none() => push(
+                "sink.nats".into(),
+                "is required when sink.type = \"nats\"".into(),
+                "add a [sink.nats] table with at least url = \"nats://host:4222\"",
             ),
             SinkType::Kafka if self.sink.kafka.is_none() => push(
                 "sink.kafka".into(),
@@ -375,7 +391,20 @@ impl Config {
                 push(key, message, &fix);
             }
         }
-        for (key, message, fix) in self.delivery.problems(self.sink.kind == SinkType::Kafka) {
+        if let Some(n) = &self.sink.nats {
+            if self.sink.kind != SinkType::Nats {
+                push(
+                    "sink.nats".into(),
+                    format!("is only used by sink.type = \"nats\", but sink.type = \"{}\"", self.sink.kind),
+                    "remove [sink.nats], or set sink.type = \"nats\"",
+                );
+            }
+            for (key, message, fix) in n.problems() {
+                push(key, message, &fix);
+            }
+        }
+        let is_broker = matches!(self.sink.kind, SinkType::Kafka | SinkType::Nats);
+        for (key, message, fix) in self.delivery.problems(is_broker) {
             push(key, message, &fix);
         }
         if self.resources.is_empty() {
@@ -443,8 +472,25 @@ impl Config {
                 );
             }
             if let Some(t) = &r.topic {
-                if let Err(e) = Template::parse(t) {
+                if self.sink.kind != SinkType::Kafka {
+                    push(
+                        key("topic"),
+                        format!("is only used by the kafka sink, but sink.type = \"{}\"", self.sink.kind),
+                        if self.sink.kind == SinkType::Nats { "use `subject` for NATS" } else { "remove it" },
+                    );
+                } else if let Err(e) = Template::parse(t) {
                     push(key("topic"), e, "use a template like \"kubecast.{cluster}.{resource}\"");
+                }
+            }
+            if let Some(t) = &r.subject {
+                if self.sink.kind != SinkType::Nats {
+                    push(
+                        key("subject"),
+                        format!("is only used by the nats sink, but sink.type = \"{}\"", self.sink.kind),
+                        if self.sink.kind == SinkType::Kafka { "use `topic` for Kafka" } else { "remove it" },
+                    );
+                } else if let Err(e) = crate::sink::nats::subject_template(t) {
+                    push(key("subject"), e, "use a template like \"kubecast.{cluster}.{resource}.{namespace}\"");
                 }
             }
             if r.rate_per_second == Some(0) {
@@ -475,10 +521,16 @@ impl Config {
                 format!("{} ({scope})", r.describe())
             })
             .collect();
-        let sink = match (&self.sink.kind, &self.sink.path, &self.sink.kafka) {
-            (SinkType::File, Some(p), _) => format!("file {}", p.display()),
-            (SinkType::Kafka, _, Some(k)) => format!("kafka {} topic {}", k.brokers, k.topic),
-            (k, _, _) => k.to_string(),
+        let sink = match (&self.sink.kind, &self.sink.path, &self.sink.kafka, &self.sink.nats) {
+            (SinkType::File, Some(p), _, _) => format!("file {}", p.display()),
+            (SinkType::Kafka, _, Some(k), _) => format!("kafka {} topic {}", k.brokers, k.topic),
+            (SinkType::Nats, _, _, Some(n)) => format!(
+                "nats {} subject {} ({})",
+                n.url,
+                n.subject,
+                if n.jetstream { "JetStream" } else { "core NATS, at-most-once" }
+            ),
+            (k, _, _, _) => k.to_string(),
         };
         format!(
             "config OK: cluster {:?}, sink {sink}, {} resource(s): {}",

@@ -53,7 +53,7 @@ pub enum RunError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Reflector(#[from] ReflectorError),
-    #[error("sink: {0}")]
+    #[error(transparent)]
     Sink(#[from] SinkError),
     #[error(transparent)]
     Delivery(#[from] DeliveryError),
@@ -73,7 +73,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let client = kubeapi::client(&config.cluster).await?;
     let api_limiter = kubeapi::limiter(&config.cluster);
     let store = CheckpointStore::open(&config.checkpoint.dir)?;
-    let sink = Arc::new(Sink::open(&config.sink).await?);
+    let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);
+    check_nats_streams(&config, &client, &sink).await?;
     let names = stream_names(&config);
     let health = Health::new(names.clone(), sink.connected());
 
@@ -83,7 +84,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let mut reflectors = Vec::new();
     for (resource_index, rc) in config.resources.iter().enumerate() {
         let rc = Arc::new(rc.clone());
-        let route = rc.topic.as_deref().map(|t| Arc::new(Template::parse(t).expect("validated")));
+        let route = rc.route(config.sink.kind).map(|t| Arc::new(Template::parse(t).expect("validated")));
         let limiter = rc.rate_per_second.map(|r| rate_limiter(r, r));
         let (group, version) = rc.group_version();
         let scopes: Vec<Option<String>> =
@@ -234,6 +235,71 @@ fn stream_names(config: &Config) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// JetStream: a stream must cover the subjects events go to. Checked at start for each
+/// resource's subjects (its kind found by discovery; a namespace of the configured ones, or
+/// `default`); when NATS is not reachable yet, checked once it is (then a missing stream is
+/// logged, and the events wait and retry instead of stopping kubecast).
+async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &Arc<Sink>) -> Result<(), RunError> {
+    let Some(n) = sink.nats() else { return Ok(()) };
+    if !n.jetstream() {
+        warn!("sink.nats.jetstream = false: core NATS is at-most-once; events can be lost when the connection drops");
+        return Ok(());
+    }
+    let subjects = nats_sample_subjects(config, client, n).await;
+    if n.is_connected() {
+        return Ok(n.ensure_streams(&subjects).await?);
+    }
+    warn!("NATS is not reachable yet; the JetStream streams are checked once it is, and events wait until then");
+    let sink = sink.clone();
+    tokio::spawn(async move {
+        let Some(n) = sink.nats() else { return };
+        while !n.is_connected() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if let Err(e) = n.ensure_streams(&subjects).await {
+            error!(error = %e, "events to these subjects are retried until a stream covers them");
+        }
+    });
+    Ok(())
+}
+
+async fn nats_sample_subjects(config: &Config, client: &kube::Client, n: &crate::sink::NatsSink) -> Vec<String> {
+    let mut out = Vec::new();
+    for rc in &config.resources {
+        let (group, version) = rc.group_version();
+        let gvk = GroupVersionKind::gvk(group, version, &rc.kind);
+        let Ok((ar, caps)) = kube::discovery::pinned_kind(client, &gvk).await else {
+            continue; // not served (yet): the reflector waits for it or fails
+        };
+        let namespaces: Vec<String> = if !rc.namespaces.is_empty() {
+            rc.namespaces.clone()
+        } else if caps.scope == kube::discovery::Scope::Namespaced {
+            vec!["default".into()]
+        } else {
+            vec![String::new()]
+        };
+        let route = rc.subject.as_deref().map(|t| Template::parse(t).expect("validated"));
+        for namespace in namespaces {
+            for verb in &rc.events {
+                let fields = Fields {
+                    cluster: config.cluster.name.clone(),
+                    group: if ar.group.is_empty() { "core".into() } else { ar.group.clone() },
+                    version: ar.version.clone(),
+                    kind: ar.kind.clone(),
+                    resource: ar.plural.clone(),
+                    namespace: namespace.clone(),
+                    verb: verb.as_str().into(),
+                };
+                let subject = n.subject_for(route.as_ref(), &fields);
+                if !out.contains(&subject) {
+                    out.push(subject);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Keeps the sink's reachability fresh for readiness, also when no events flow.

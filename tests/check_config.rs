@@ -73,7 +73,9 @@ fn a_missing_config_file_is_an_error_not_an_empty_config() {
 }
 
 /// (what is wrong, config, env, fragments the message must contain)
-const BAD: &[(&str, &str, &[(&str, &str)], &[&str])] = &[
+type BadCase = (&'static str, &'static str, &'static [(&'static str, &'static str)], &'static [&'static str]);
+
+const BAD: &[BadCase] = &[
     ("TOML syntax error", "[cluster\nname = 1", &[], &["line 1", "fix:"]),
     (
         "unknown top-level key",
@@ -144,6 +146,55 @@ const BAD: &[(&str, &str, &[(&str, &str)], &[&str])] = &[
         "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nnamespaces = [\"Prod_1\"]",
         &[],
         &["resources[0].namespaces[0]", "not a valid namespace"],
+    ),
+    ("nats sink without its table", "[sink]\ntype = \"nats\"", &[], &["sink.nats", "is required", "url = "]),
+    (
+        "unknown nats key",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurls = \"nats://x:4222\"",
+        &[],
+        &["sink.nats.urls", "unknown key", "url"],
+    ),
+    (
+        "wildcard in a nats subject",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\nsubject = \"kubecast.*.{kind}\"",
+        &[],
+        &["sink.nats.subject", "not make a valid NATS subject", "kubecast.{cluster}"],
+    ),
+    (
+        "nats user without password",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\nuser = \"kubecast\"",
+        &[],
+        &["sink.nats.password", "go together"],
+    ),
+    (
+        "two nats auth methods",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\ntoken = \"t\"\nnkey_seed = \"SU\"",
+        &[],
+        &["sink.nats.user", "more than one of"],
+    ),
+    (
+        "nats secret from an unset variable",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\ntoken = \"${env:KUBECAST_TEST_UNSET_TOKEN}\"",
+        &[],
+        &["sink.nats.token", "KUBECAST_TEST_UNSET_TOKEN is not set"],
+    ),
+    (
+        "missing nats credentials file",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\ncredentials_file = \"/nonexistent/k.creds\"",
+        &[],
+        &["sink.nats.credentials_file", "/nonexistent/k.creds"],
+    ),
+    (
+        "nats stream subjects cannot be derived",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\nsubject = \"{cluster}.x\"\ncreate_stream = true",
+        &[],
+        &["sink.nats.stream.subjects", "cannot be derived"],
+    ),
+    (
+        "kafka topic on a nats resource",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\ntopic = \"x\"",
+        &[],
+        &["resources[0].topic", "only used by the kafka sink", "use `subject`"],
     ),
     ("no resources", "[cluster]\nname = \"x\"", &[], &["`resources`", "nothing would be watched"]),
     ("bad cluster name", "[cluster]\nname = \"Prod EU\"", &[], &["cluster.name", "lower-case"]),

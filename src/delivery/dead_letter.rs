@@ -15,7 +15,7 @@ use tracing::{error, warn};
 
 use super::retry::RetryPolicy;
 use super::{DeadLetterConfig, DeadLetterType};
-use crate::sink::{Outbound, SendError, Sink, kafka};
+use crate::sink::{NatsSink, Outbound, SendError, Sink, kafka};
 
 pub enum Target {
     File { path: PathBuf, file: Mutex<Option<tokio::fs::File>> },
@@ -128,7 +128,10 @@ impl DeadLetter {
         destination: &str,
         reason: &str,
     ) -> Result<(), String> {
-        let Some(k) = sink.kafka() else { return Err("the dead letter type \"broker\" needs the kafka sink".into()) };
+        if let Some(n) = sink.nats() {
+            return write_nats(n, topic, msg, destination, reason).await;
+        }
+        let Some(k) = sink.kafka() else { return Err("the dead letter type \"broker\" needs a broker sink".into()) };
         let headers = |h: OwnedHeaders| {
             h.insert(Header { key: "kubecast_dead_letter_reason", value: Some(reason) })
                 .insert(Header { key: "kubecast_original_destination", value: Some(destination) })
@@ -145,5 +148,37 @@ impl DeadLetter {
             }
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+/// NATS: the structured event on subject `subject`, with headers `Kubecast-Dead-Letter-Reason`
+/// and `Kubecast-Original-Destination` (and `Kubecast-Data-Dropped: true` when even the
+/// dead-letter subject refuses the event's size).
+async fn write_nats(
+    n: &NatsSink,
+    subject: &str,
+    msg: &Outbound,
+    destination: &str,
+    reason: &str,
+) -> Result<(), String> {
+    let one_line = |s: &str| s.replace(['\r', '\n'], " ");
+    let headers = || {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert("Content-Type", "application/cloudevents+json; charset=UTF-8");
+        h.insert("Kubecast-Dead-Letter-Reason", one_line(reason).as_str());
+        h.insert("Kubecast-Original-Destination", destination);
+        h
+    };
+    let id = msg.event.id();
+    let payload = bytes::Bytes::from(msg.event.to_structured());
+    match n.publish(subject.to_string(), headers(), payload, id).await {
+        Ok(()) => Ok(()),
+        Err(SendError::Permanent(_)) => {
+            let mut h = headers();
+            h.insert("Kubecast-Data-Dropped", "true");
+            let payload = bytes::Bytes::from(msg.event.to_structured_without_data());
+            n.publish(subject.to_string(), h, payload, id).await.map_err(|e| e.to_string())
+        }
+        Err(e) => Err(e.to_string()),
     }
 }

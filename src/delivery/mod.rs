@@ -86,7 +86,8 @@ pub enum DeadLetterType {
     /// JSON lines (reason + the whole event) appended to `path`.
     #[default]
     File,
-    /// A topic on the sink's own broker (`destination`), with the reason in headers.
+    /// A topic (Kafka) or subject (NATS) on the sink's own broker (`destination`), with the
+    /// reason in headers.
     Broker,
     /// No dead letter: a permanent failure stops kubecast (nothing is skipped).
     Stop,
@@ -101,7 +102,7 @@ pub struct DeadLetterConfig {
     /// For `type = "file"`; default: `dead-letter.jsonl` in the checkpoint directory.
     #[serde(default)]
     pub path: Option<PathBuf>,
-    /// For `type = "broker"`: the topic.
+    /// For `type = "broker"`: the Kafka topic or NATS subject.
     #[serde(default)]
     pub destination: Option<String>,
 }
@@ -123,7 +124,7 @@ impl DeliveryConfig {
         match self.dead_letter.kind {
             DeadLetterType::Broker if !sink_is_broker => p(
                 "dead_letter.type",
-                "\"broker\" needs a broker sink (kafka)".into(),
+                "\"broker\" needs a broker sink (kafka or nats)".into(),
                 "use type = \"file\" or \"stop\"",
             ),
             DeadLetterType::Broker if self.dead_letter.destination.as_deref().is_none_or(str::is_empty) => p(

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
 use super::template::Template;
-use super::{Outbound, SendError, SinkError};
+use super::{Outbound, SendError, SinkError, secret};
 
 pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
 
@@ -98,25 +98,12 @@ impl KafkaConfig {
                     ));
                 }
             }
-            if let Err(e) = resolve_secret(v) {
+            if let Err(e) = secret::resolve(v) {
                 out.push((format!("sink.kafka.properties.\"{k}\""), e, "set that variable or create that file".into()));
             }
         }
         out
     }
-}
-
-/// `${env:NAME}` / `${file:/path}` -> the value; anything else as it is.
-fn resolve_secret(v: &str) -> Result<String, String> {
-    if let Some(name) = v.strip_prefix("${env:").and_then(|r| r.strip_suffix('}')) {
-        return std::env::var(name).map_err(|_| format!("environment variable {name} is not set"));
-    }
-    if let Some(path) = v.strip_prefix("${file:").and_then(|r| r.strip_suffix('}')) {
-        return std::fs::read_to_string(path)
-            .map(|s| s.trim_end_matches(['\n', '\r']).to_string())
-            .map_err(|e| format!("file {path} cannot be read: {e}"));
-    }
-    Ok(v.to_string())
 }
 
 /// Logs librdkafka's errors and tracks whether the brokers are reachable.
@@ -168,7 +155,10 @@ impl KafkaSink {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &cfg.brokers);
         for (k, v) in &cfg.properties {
-            cc.set(k, resolve_secret(v).map_err(|e| SinkError::Config(format!("sink.kafka.properties.\"{k}\": {e}")))?);
+            cc.set(
+                k,
+                secret::resolve(v).map_err(|e| SinkError::Config(format!("sink.kafka.properties.\"{k}\": {e}")))?,
+            );
         }
         for (k, v) in REQUIRED {
             cc.set(k, v);

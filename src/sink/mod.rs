@@ -1,11 +1,14 @@
 //! Sinks: where CloudEvents leave kubecast. Each sink has one `send` for one event, callable
 //! concurrently; the outbound queue (`src/delivery`) adds ordering, rate limiting, retries and
 //! the dead letter around it. A sink *accepts* an event when `send` returns `Ok`: stdout and
-//! file after write + flush, Kafka after the broker's acknowledgement. Only accepted events
+//! file after write + flush, Kafka after the broker's acknowledgement, NATS JetStream after
+//! the PubAck (core NATS: after the write, at-most-once). Only accepted events
 //! may advance a checkpoint.
 
 mod file;
 pub mod kafka;
+pub mod nats;
+pub mod secret;
 mod stdout;
 pub mod template;
 
@@ -14,6 +17,7 @@ use std::time::Duration;
 
 pub use file::FileSink;
 pub use kafka::KafkaSink;
+pub use nats::NatsSink;
 pub use stdout::StdoutSink;
 use template::{Fields, Template};
 
@@ -27,12 +31,10 @@ pub enum SinkError {
         "cannot open sink file {path}: {cause} (fix: check sink.path and that its directory exists and is writable)"
     )]
     Open { path: std::path::PathBuf, cause: std::io::Error },
-    #[error("sink configuration: {0}")]
+    #[error("sink: {0}")]
     Config(String),
     #[error("flush failed: {0}")]
     Flush(String),
-    #[error("sink type {0} is not available in this version")]
-    Unsupported(SinkType),
 }
 
 /// Why one send failed; decides between retry, dead letter and stop.
@@ -63,15 +65,18 @@ pub struct Outbound {
     pub route: Option<Arc<Template>>,
 }
 
-/// The configured sink (enum dispatch: one variant per sink type).
+/// The configured sink (enum dispatch: one variant per sink type). One per process, in an Arc.
+#[allow(clippy::large_enum_variant)]
 pub enum Sink {
     Stdout(StdoutSink),
     File(FileSink),
     Kafka(KafkaSink),
+    Nats(NatsSink),
 }
 
 impl Sink {
-    pub async fn open(cfg: &SinkConfig) -> Result<Sink, SinkError> {
+    /// Opens the configured sink. `max_in_flight` bounds the NATS PubAcks awaited at once.
+    pub async fn open(cfg: &SinkConfig, max_in_flight: usize) -> Result<Sink, SinkError> {
         match cfg.kind {
             SinkType::Stdout => Ok(Sink::Stdout(StdoutSink::new())),
             SinkType::File => Ok(Sink::File(FileSink::open(cfg.path.clone().unwrap_or_default()).await?)),
@@ -79,7 +84,10 @@ impl Sink {
                 let kc = cfg.kafka.as_ref().ok_or_else(|| SinkError::Config("[sink.kafka] is missing".into()))?;
                 Ok(Sink::Kafka(KafkaSink::new(kc)?))
             }
-            other => Err(SinkError::Unsupported(other)),
+            SinkType::Nats => {
+                let nc = cfg.nats.as_ref().ok_or_else(|| SinkError::Config("[sink.nats] is missing".into()))?;
+                Ok(Sink::Nats(NatsSink::open(nc, max_in_flight, Duration::from_secs(10)).await?))
+            }
         }
     }
 
@@ -89,6 +97,7 @@ impl Sink {
             Sink::Stdout(s) => s.write_line(&structured_line(&msg.event)?).await,
             Sink::File(s) => s.write_line(&structured_line(&msg.event)?).await,
             Sink::Kafka(s) => s.send(msg).await,
+            Sink::Nats(s) => s.send(msg).await,
         }
     }
 
@@ -98,6 +107,7 @@ impl Sink {
             Sink::Stdout(_) => "stdout".into(),
             Sink::File(s) => s.path().display().to_string(),
             Sink::Kafka(s) => s.destination(msg),
+            Sink::Nats(s) => s.destination(msg),
         }
     }
 
@@ -105,7 +115,9 @@ impl Sink {
     pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
         match self {
             Sink::Kafka(s) => s.flush(timeout),
-            Sink::Stdout(_) | Sink::File(_) => Ok(()), // flushed after every event
+            // stdout and file flush after every event; NATS waits for each PubAck (JetStream)
+            // or flushes after each publish (core).
+            Sink::Stdout(_) | Sink::File(_) | Sink::Nats(_) => Ok(()),
         }
     }
 
@@ -113,6 +125,7 @@ impl Sink {
     pub fn connected(&self) -> Arc<std::sync::atomic::AtomicBool> {
         match self {
             Sink::Kafka(k) => k.connected(),
+            Sink::Nats(n) => n.connected(),
             Sink::Stdout(_) | Sink::File(_) => Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
@@ -120,6 +133,13 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    pub fn nats(&self) -> Option<&NatsSink> {
+        match self {
+            Sink::Nats(n) => Some(n),
             _ => None,
         }
     }

@@ -154,6 +154,8 @@ pub struct Kubecast {
     pub dir: tempfile::TempDir,
     pub events_path: PathBuf,
     pub stderr_path: PathBuf,
+    /// Where the current run's part of the log starts (each run appends to the same log).
+    run_log_start: usize,
 }
 
 pub fn bin() -> &'static str {
@@ -197,7 +199,7 @@ impl Kubecast {
     fn spawn_in_stopped(dir: tempfile::TempDir) -> Self {
         let events_path = dir.path().join("events.jsonl");
         let stderr_path = dir.path().join("kubecast.log");
-        Self { child: None, dir, events_path, stderr_path }
+        Self { child: None, dir, events_path, stderr_path, run_log_start: 0 }
     }
 
     /// Like `start`, with extra lines for the `[checkpoint]` table (e.g. flush_interval_ms).
@@ -220,6 +222,7 @@ impl Kubecast {
     /// appends to), e.g. after `kill9`.
     pub fn restart(&mut self, extra_env: &[(&str, &str)]) {
         assert!(self.child.is_none(), "stop or kill it first");
+        self.run_log_start = self.log().len();
         self.child = Some(Self::spawn_child(self.dir.path(), extra_env));
     }
 
@@ -227,7 +230,7 @@ impl Kubecast {
         let child = Self::spawn_child(dir.path(), extra_env);
         let events_path = dir.path().join("events.jsonl");
         let stderr_path = dir.path().join("kubecast.log");
-        Self { child: Some(child), dir, events_path, stderr_path }
+        Self { child: Some(child), dir, events_path, stderr_path, run_log_start: 0 }
     }
 
     fn spawn_child(dir: &Path, extra_env: &[(&str, &str)]) -> Child {
@@ -262,8 +265,16 @@ impl Kubecast {
     pub async fn admin_get(&mut self, path: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let marker = "admin server listening on ";
-        self.wait_log(marker, 1).await;
-        let log = self.log();
+        // The current run's address: the previous runs' lines are in the log too.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.log()[self.run_log_start..].contains(marker) {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!("kubecast exited ({status}) before its admin server started\nlog:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "no {marker:?} in the log:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let log = self.log()[self.run_log_start..].to_string();
         let line = log.lines().rfind(|l| l.contains(marker)).unwrap();
         let addr = line[line.find(marker).unwrap() + marker.len()..].split_whitespace().next().unwrap().to_string();
         let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect to the admin server");
