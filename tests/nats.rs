@@ -512,3 +512,103 @@ async fn oversized_event_goes_to_the_dead_letter_subject() {
     assert_eq!(next.json()["subject"], format!("{}/after", ns.name));
     assert_eq!(k.stop().code(), Some(0), "{}", k.log());
 }
+
+/// A nats-server of this test's own with mutual TLS and token auth: kubecast delivers with the
+/// CA, its client certificate and the token; without a client certificate the server refuses
+/// it (not ready, nothing lost: the event arrives once the certificate is configured).
+#[tokio::test]
+async fn mutual_tls_and_token() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "nats-tls").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let certs = format!(
+        r#"set -e; cd '{d}'
+openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 1 -subj /CN=kubecast-test-ca 2>/dev/null
+for who in server client; do
+  openssl req -newkey rsa:2048 -nodes -keyout $who.key -out $who.csr -subj /CN=$who 2>/dev/null
+  usage=serverAuth; [ $who = client ] && usage=clientAuth
+  printf 'subjectAltName=IP:127.0.0.1\nextendedKeyUsage=%s\n' $usage >$who.ext
+  openssl x509 -req -in $who.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out $who.crt -days 1 -extfile $who.ext 2>/dev/null
+done"#
+    );
+    let ok = std::process::Command::new("bash").args(["-c", &certs]).status().unwrap().success();
+    assert!(ok, "test certificates");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let token = "tls-test-token-31337";
+    std::fs::write(
+        dir.path().join("server.conf"),
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{d}/js\" }}\ntls {{ cert_file: \"{d}/server.crt\"\n key_file: \"{d}/server.key\"\n ca_file: \"{d}/ca.crt\"\n verify: true }}\nauthorization {{ token: \"{token}\" }}\n"
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("nats.log")).unwrap();
+    let mut server = ChildGuard(
+        std::process::Command::new(common::env_var("NATS_SERVER"))
+            .args(["-c", &format!("{d}/server.conf")])
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server"),
+    );
+    let url = format!("tls://127.0.0.1:{port}");
+    let test_client = {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let opts = async_nats::ConnectOptions::with_token(token.into())
+                .add_root_certificates(dir.path().join("ca.crt"))
+                .add_client_certificate(dir.path().join("client.crt"), dir.path().join("client.key"));
+            match opts.connect(&url).await {
+                Ok(c) => break c,
+                Err(e) => {
+                    assert!(server.0.try_wait().unwrap().is_none(), "nats-server exited: {e}");
+                    assert!(Instant::now() < deadline, "TLS nats-server never accepted the test client: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    };
+    let js = jetstream::new(test_client);
+    js.create_stream(stream::Config { name: "TLS".into(), subjects: vec!["tls.>".into()], ..Default::default() })
+        .await
+        .unwrap();
+
+    let cluster = cluster_name();
+    let config = format!("[cluster]\nname = \"{cluster}\"\n{}", cm_resource(&ns.name, ""));
+    let sink = |client_cert: bool| {
+        let mut s = format!(
+            "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{url}\"\nsubject = \"tls.{{cluster}}.{{resource}}\"\ntoken = \"${{env:TEST_NATS_TOKEN}}\"\n[sink.nats.tls]\nrequired = true\nca_file = \"{d}/ca.crt\"\n"
+        );
+        if client_cert {
+            s.push_str(&format!("cert_file = \"{d}/client.crt\"\nkey_file = \"{d}/client.key\"\n"));
+        }
+        s + "[delivery]\nshutdown_timeout_seconds = 5\n"
+    };
+    create_cm(&client, &ns.name, "secured", json!({}), json!({})).await;
+    let env = [("TEST_NATS_TOKEN", token)];
+    let mut k = Kubecast::start_with_sink(&config, &sink(false), "", &env);
+    k.wait_ready_reason("sink").await;
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    let mut s = js.get_stream("TLS").await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 0, "refused without a client certificate");
+
+    k.set_sink(&sink(true));
+    k.restart(&env);
+    let msgs = read_stream(&js, "TLS", "the event over mutual TLS", |m| !m.is_empty()).await;
+    assert_eq!(msgs[0].subject, format!("tls.{cluster}.configmaps"));
+    assert_eq!(msgs[0].json()["subject"], format!("{}/secured", ns.name));
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    assert!(!k.log().contains(token), "the token leaked");
+    drop(server);
+}
+
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
