@@ -1,0 +1,189 @@
+//! Shared by the delivery benchmarks: the recorded stream of ~10 KB Pods, kubecast's delivery
+//! path around a given sink, and CPU time.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kube::api::{ApiResource, GroupVersionKind};
+use kubecast::ack::{Effect, IndexOp, StreamCheckpoint};
+use kubecast::checkpoint::{CheckpointStore, IndexEntry, StreamKey};
+use kubecast::config::Verb;
+use kubecast::delivery::dead_letter::DeadLetter;
+use kubecast::delivery::queue::{Job, Queue};
+use kubecast::delivery::retry::RetryPolicy;
+use kubecast::delivery::{DeadLetterConfig, DeliveryConfig};
+use kubecast::event::{Change, EventSource, Origin};
+use kubecast::object::RawObject;
+use kubecast::sink::template::Fields;
+use kubecast::sink::{Outbound, Sink};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+pub const OBJECTS: usize = 5000;
+
+/// `--events N` from the command line, or `default`.
+pub fn events_arg(default: usize) -> usize {
+    std::env::args().skip_while(|a| a != "--events").nth(1).map(|v| v.parse().expect("--events N")).unwrap_or(default)
+}
+
+/// Starts `service` of tests/env (idempotent; left running) and returns the env file's text.
+pub fn env_up(service: &str) -> String {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let status = std::process::Command::new(repo.join("tests/env/up")).arg(service).status().expect("tests/env/up");
+    assert!(status.success(), "tests/env/up {service} failed");
+    std::fs::read_to_string(repo.join("target/kubecast-env/env")).expect("env file")
+}
+
+pub fn env_value(env: &str, key: &str) -> String {
+    env.lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .unwrap_or_else(|| panic!("{key} in env file"))
+        .to_string()
+}
+
+pub fn pods() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods")
+}
+
+/// The uid of each recorded object (a raw client knows its keys in advance).
+pub fn keys(recording: &[Vec<u8>]) -> Vec<String> {
+    recording.iter().map(|b| serde_json::from_slice::<RawObject>(b).unwrap().metadata.uid.unwrap()).collect()
+}
+
+/// The figures table and the goals.
+pub fn report(events: usize, raw_name: &str, raw: (f64, f64), runs: &[(&str, (f64, f64))]) {
+    let per10k = |cpu: f64| cpu / events as f64 * 10_000.0;
+    println!();
+    println!("{:<30} {:>12} {:>10} {:>22}", "", "events/s", "wall s", "CPU s per 10k events");
+    println!("{:<30} {:>12.0} {:>10.2} {:>22.3}", raw_name, events as f64 / raw.0, raw.0, per10k(raw.1));
+    for (name, (s, cpu)) in runs {
+        println!("{:<30} {:>12.0} {:>10.2} {:>22.3}", name, events as f64 / s, s, per10k(*cpu));
+    }
+    println!();
+    for (name, (s, cpu)) in runs {
+        println!("{name} / raw throughput: {:.2}x (goal >= 0.7x)", raw.0 / s);
+        println!("{name} events per CPU second: {:.0} (goal >= 20000 on one core)", events as f64 / cpu.max(1e-9));
+    }
+}
+
+/// `events` changes of `OBJECTS` Pods, ~10 KB each, as the JSON text a watch delivers them in.
+pub fn record(events: usize) -> Vec<Vec<u8>> {
+    (0..events)
+        .map(|i| {
+            let mut pod = pod(i % OBJECTS, i / OBJECTS);
+            pod["metadata"]["resourceVersion"] = (1000 + i).to_string().into();
+            serde_json::to_vec(&pod).unwrap()
+        })
+        .collect()
+}
+
+fn pod(n: usize, generation: usize) -> Value {
+    let env: Vec<Value> = (0..12)
+        .map(|e| json!({"name": format!("SETTING_{e}"), "value": format!("value-{e}-{}", "x".repeat(20))}))
+        .collect();
+    let containers: Vec<Value> = (0..5)
+        .map(|c| {
+            json!({
+                "name": format!("c{c}"), "image": format!("registry.example.com/team/app-{c}:1.{generation}.0"),
+                "ports": [{"containerPort": 8080 + c, "protocol": "TCP"}],
+                "env": env, "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}},
+                "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}, {"name": "data", "mountPath": "/data"}],
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080 + c}, "periodSeconds": 10}
+            })
+        })
+        .collect();
+    let statuses: Vec<Value> = (0..5)
+        .map(|c| json!({"name": format!("c{c}"), "ready": true, "restartCount": generation, "image": "registry.example.com/team/app", "imageID": format!("registry.example.com/team/app@sha256:{}", "ab".repeat(32)), "containerID": format!("containerd://{}", "cd".repeat(32)), "state": {"running": {"startedAt": "2026-11-21T10:00:00Z"}}}))
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": format!("web-{n:05}"), "namespace": "shop", "uid": format!("00000000-0000-0000-0000-{n:012}"),
+            "labels": {"app": "web", "tier": "frontend", "pod-template-hash": "7d9c8f6b5"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-21T10:00:00Z", "prometheus.io/scrape": "true"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9c8f6b5", "uid": "11111111-2222-3333-4444-555555555555", "controller": true}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1", "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {"f:app": {}, "f:tier": {}}}, "f:spec": {"f:containers": {"k:{\"name\":\"c0\"}": {"f:image": {}, "f:env": {}}}}}}]
+        },
+        "spec": {"containers": containers, "volumes": [{"name": "config", "configMap": {"name": "web-config"}}, {"name": "data", "emptyDir": {}}], "nodeName": format!("node-{}", n % 50), "serviceAccountName": "web"},
+        "status": {"phase": "Running", "podIP": format!("10.1.{}.{}", n / 250, n % 250), "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"}], "containerStatuses": statuses}
+    })
+}
+
+/// The same stream through kubecast's delivery path into `sink`.
+pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f64, f64) {
+    let sink = Arc::new(sink);
+    let dir = tempfile::tempdir().unwrap();
+    let store = CheckpointStore::open(dir.path()).unwrap();
+    let key = StreamKey {
+        cluster: "bench".into(),
+        group: "".into(),
+        version: "v1".into(),
+        kind: "Pod".into(),
+        namespace: Some("shop".into()),
+        label_selector: "".into(),
+        field_selector: "".into(),
+    };
+    let (checkpoint, _) = StreamCheckpoint::load(store, key).unwrap();
+    let cfg = DeliveryConfig::default();
+    let retry = RetryPolicy::new(&cfg);
+    let queue = Queue {
+        sink,
+        limiter: None,
+        retry,
+        dead_letter: Arc::new(DeadLetter::new(&DeadLetterConfig::default(), dir.path(), retry)),
+        max_in_flight: cfg.max_in_flight,
+        capacity: cfg.queue_capacity,
+        checkpoints: vec![Arc::new(checkpoint)],
+    };
+    let source = Arc::new(EventSource::new("bench", ar));
+    let recording = recording.to_vec();
+    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let (tx, rx) = mpsc::channel::<Job>(1024);
+    let producer = tokio::spawn(async move {
+        for (seq, bytes) in recording.into_iter().enumerate() {
+            // What the reflector does with a watch event's object: decode only its identity.
+            let object: RawObject = serde_json::from_slice(&bytes).unwrap();
+            let uid = object.metadata.uid.clone().unwrap();
+            let rv = object.metadata.resource_version.clone().unwrap();
+            let entry = IndexEntry {
+                namespace: Some("shop".into()),
+                name: object.metadata.name.clone().unwrap(),
+                resource_version: rv.clone(),
+            };
+            let fields = Fields {
+                cluster: "bench".into(),
+                group: "core".into(),
+                version: "v1".into(),
+                kind: "Pod".into(),
+                resource: "pods".into(),
+                namespace: "shop".into(),
+                verb: "modified".into(),
+            };
+            let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
+            let event = change.into_cloudevent().unwrap();
+            let job = Job {
+                stream: 0,
+                seq: seq as u64,
+                effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
+                msg: Some(Outbound { event, key: uid, fields, route: None }),
+                limiter: None,
+            };
+            if tx.send(job).await.is_err() {
+                return;
+            }
+        }
+    });
+    queue.run(rx).await.expect("delivered");
+    producer.await.unwrap();
+    (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0)
+}
+
+/// User + system CPU time of this process, from /proc/self/stat (clock ticks of 1/100 s).
+pub fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+}
