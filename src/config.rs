@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::admin::AdminConfig;
 use crate::delivery::DeliveryConfig;
 use crate::selector;
+use crate::shaping::{FilterErrorRule, PayloadMode};
 use crate::sink::kafka::KafkaConfig;
 use crate::sink::nats::NatsConfig;
 use crate::sink::template::Template;
@@ -218,6 +219,41 @@ pub struct ResourceConfig {
     /// This resource's own events-per-second limit, within `[delivery] rate_per_second`.
     #[serde(default)]
     pub rate_per_second: Option<u32>,
+    /// A CEL expression over `object`, `oldObject`, `verb`: only events for which it is true
+    /// are sent (see `src/shaping`).
+    #[serde(default)]
+    pub filter: Option<String>,
+    /// A filter that fails at run time on an object: `deliver` (default) or `drop` the event.
+    #[serde(default)]
+    pub filter_error: FilterErrorRule,
+    /// Keep `metadata.managedFields` and the last-applied annotation (dropped by default).
+    #[serde(default)]
+    pub keep_managed_fields: bool,
+    /// Redact the values of Secrets' `data` / `stringData` (default true).
+    #[serde(default = "yes")]
+    pub redact_secrets: bool,
+    /// Field paths whose values are redacted, e.g. `spec.password`, `data.*`.
+    #[serde(default)]
+    pub redact: Vec<String>,
+    /// Events larger than this (structured JSON bytes) carry the metadata payload and
+    /// `truncated = true`; 0 = no cap.
+    #[serde(default)]
+    pub max_event_bytes: u64,
+    /// Drop `modified` events that changed only status / resourceVersion / managedFields /
+    /// `ignore_fields`.
+    #[serde(default)]
+    pub ignore_status_only: bool,
+    #[serde(default)]
+    pub ignore_fields: Vec<String>,
+    /// Keep the previous object per uid (for `oldObject` and `payload = "patch"`).
+    #[serde(default)]
+    pub keep_previous: bool,
+    #[serde(default)]
+    pub payload: PayloadMode,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_page_size() -> u32 {
@@ -495,6 +531,9 @@ impl Config {
             }
             if r.rate_per_second == Some(0) {
                 push(key("rate_per_second"), "must be at least 1".into(), "remove it for no per-resource limit");
+            }
+            for (k, message, fix) in crate::shaping::problems(r) {
+                push(key(&k), message, &fix);
             }
             if r.events.is_empty() {
                 push(

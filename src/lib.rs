@@ -12,4 +12,5 @@ pub mod object;
 pub mod pipeline;
 pub mod reflector;
 pub mod selector;
+pub mod shaping;
 pub mod sink;

@@ -39,6 +39,7 @@ use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
 use crate::delivery::retry::RetryPolicy;
 use crate::kubeapi::{self, ClientError};
 use crate::reflector::{Item, Reflector, ReflectorError, StreamSpec};
+use crate::shaping::Shaper;
 use crate::sink::template::{Fields, Template};
 use crate::sink::{Outbound, Sink, SinkError};
 
@@ -64,6 +65,8 @@ pub enum RunError {
 /// What the shaping stage knows of a stream.
 struct Stream {
     resource: Arc<ResourceConfig>,
+    /// Index of its `[[resources]]` entry (and of its shaper).
+    resource_index: usize,
     route: Option<Arc<Template>>,
     limiter: Option<Limiter>,
 }
@@ -119,7 +122,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 health: health.clone(),
             };
             reflectors.push(Reflector::new(spec, loaded, tx.clone()));
-            streams.push(Stream { resource: rc.clone(), route: route.clone(), limiter: limiter.clone() });
+            streams.push(Stream {
+                resource: rc.clone(),
+                resource_index,
+                route: route.clone(),
+                limiter: limiter.clone(),
+            });
             checkpoints.push(Arc::new(checkpoint));
         }
     }
@@ -142,7 +150,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         cancel.clone(),
     ));
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
-    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, config.cluster.name.clone()));
+    let shapers: Vec<Shaper> = config.resources.iter().map(Shaper::new).collect();
+    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, shapers, config.cluster.name.clone()));
     let d = &config.delivery;
     let retry = RetryPolicy::new(d);
     let queue = Queue {
@@ -337,19 +346,32 @@ fn rate_limiter(rate: u32, burst: u32) -> Limiter {
     Arc::new(RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)))
 }
 
-/// The filter/transform stage: `events` filter, then the CloudEvent and its destination fields.
-async fn shape_all(mut rx: mpsc::Receiver<Item>, tx: mpsc::Sender<Job>, streams: Vec<Stream>, cluster: String) {
+/// The filter/transform stage: shaping (`src/shaping`: safe payload, change detection,
+/// redaction, `events` and CEL filters, payload mode), then the CloudEvent's destination fields.
+async fn shape_all(
+    mut rx: mpsc::Receiver<Item>,
+    tx: mpsc::Sender<Job>,
+    streams: Vec<Stream>,
+    mut shapers: Vec<Shaper>,
+    cluster: String,
+) {
     while let Some(item) = rx.recv().await {
-        let job = shape(item, &streams, &cluster);
+        let job = shape(item, &streams, &mut shapers, &cluster);
         if tx.send(job).await.is_err() {
             return;
         }
     }
 }
 
-fn shape(item: Item, streams: &[Stream], cluster: &str) -> Job {
+fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) -> Job {
     let stream = &streams[item.stream];
-    let msg = item.change.filter(|c| stream.resource.wants(c.verb)).and_then(|change| {
+    let shaper = &mut shapers[stream.resource_index];
+    let msg = item.change.and_then(|change| {
+        let wanted = stream.resource.wants(change.verb);
+        if !wanted && !shaper.keeps_state() {
+            return None;
+        }
+        let verb = change.verb;
         let ar = change.source.api_resource();
         let fields = Fields {
             cluster: cluster.to_string(),
@@ -358,11 +380,15 @@ fn shape(item: Item, streams: &[Stream], cluster: &str) -> Job {
             kind: ar.kind.clone(),
             resource: ar.plural.clone(),
             namespace: change.object.metadata.namespace.clone().unwrap_or_default(),
-            verb: change.verb.as_str().to_string(),
+            verb: verb.as_str().to_string(),
         };
         let key = change.object.metadata.uid.clone().unwrap_or_default();
         match change.into_cloudevent() {
-            Ok(event) => Some(Outbound { event, key, fields, route: stream.route.clone() }),
+            Ok(mut event) => {
+                // Not sent (filtered out, status only...): acknowledged with the job.
+                shaper.apply(verb, &key, wanted, &mut event).ok()?;
+                Some(Outbound { event, key, fields, route: stream.route.clone() })
+            }
             // Cannot happen with objects from a real apiserver (they all have uid and
             // resourceVersion); acknowledged so the stream does not stall on it.
             Err(e) => {

@@ -1,0 +1,255 @@
+//! JSON surgery on an object's text without decoding what is not touched: the span of a
+//! top-level key, the entries of an object, field paths to redact or skip, a hash that skips
+//! paths.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::hash::Hasher;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// A dotted field path: `spec.password`, `data.*`, `spec.containers.*.env`. `*` matches every
+/// key of an object and every element of a list; a number also matches that list index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldPath(pub Vec<String>);
+
+impl FieldPath {
+    pub fn parse(s: &str) -> Result<FieldPath, String> {
+        let parts: Vec<String> = s.split('.').map(str::to_string).collect();
+        if s.is_empty() || parts.iter().any(String::is_empty) {
+            return Err(format!("{s:?} is not a field path"));
+        }
+        Ok(FieldPath(parts))
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join("."))
+    }
+}
+
+fn segment_matches(segment: &str, key: &str) -> bool {
+    segment == "*" || segment == key
+}
+
+/// Replaces every value `path` reaches with `with`. Returns how many were replaced.
+pub fn redact(v: &mut Value, path: &[String], with: &Value) -> usize {
+    let Some((first, rest)) = path.split_first() else {
+        *v = with.clone();
+        return 1;
+    };
+    match v {
+        Value::Object(map) => {
+            map.iter_mut().filter(|(k, _)| segment_matches(first, k)).map(|(_, child)| redact(child, rest, with)).sum()
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| first == "*" || first.parse::<usize>().ok() == Some(*i))
+            .map(|(_, child)| redact(child, rest, with))
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// Removes what `path` reaches (the last segment is a key or `*`).
+pub fn remove(v: &mut Value, path: &[String]) {
+    let Some((first, rest)) = path.split_first() else { return };
+    match v {
+        Value::Object(map) if rest.is_empty() => map.retain(|k, _| !segment_matches(first, k)),
+        Value::Object(map) => {
+            for (_, child) in map.iter_mut().filter(|(k, _)| segment_matches(first, k)) {
+                remove(child, rest);
+            }
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter_mut().enumerate() {
+                if first == "*" || first.parse::<usize>().ok() == Some(i) {
+                    remove(child, rest);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A 64-bit hash of `v` that ignores the values `skip` paths reach.
+pub fn hash_skipping(v: &Value, skip: &[FieldPath]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut path: Vec<&str> = Vec::new();
+    hash_into(v, skip, &mut path, &mut h);
+    h.finish()
+}
+
+fn skipped(path: &[&str], skip: &[FieldPath]) -> bool {
+    skip.iter().any(|p| p.0.len() == path.len() && p.0.iter().zip(path).all(|(s, k)| segment_matches(s, k)))
+}
+
+fn hash_into<'a>(v: &'a Value, skip: &[FieldPath], path: &mut Vec<&'a str>, h: &mut impl Hasher) {
+    match v {
+        Value::Null => h.write_u8(0),
+        Value::Bool(b) => h.write_u8(1 + u8::from(*b)),
+        Value::Number(n) => {
+            h.write_u8(3);
+            h.write(n.to_string().as_bytes());
+        }
+        Value::String(s) => {
+            h.write_u8(4);
+            h.write(s.as_bytes());
+            h.write_u8(0xff);
+        }
+        Value::Array(items) => {
+            h.write_u8(5);
+            h.write_usize(items.len());
+            for item in items {
+                hash_into(item, skip, path, h);
+            }
+        }
+        Value::Object(map) => {
+            h.write_u8(6);
+            // serde_json's map is sorted by key: the hash does not depend on key order.
+            for (k, child) in map {
+                path.push(k);
+                if !skipped(path, skip) {
+                    h.write(k.as_bytes());
+                    h.write_u8(0xfe);
+                    hash_into(child, skip, path, h);
+                }
+                path.pop();
+            }
+        }
+    }
+}
+
+/// The value of top-level `key` of the object `text`, as a slice of `text`, found without
+/// decoding the other values (and without reading past it).
+pub fn top_level<'t>(text: &'t str, key: &str) -> Option<&'t RawValue> {
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_str(text);
+    // The seed stops the parse with an error as soon as it has the key: what follows it is
+    // never read.
+    let _ = FindKey { key, found: &mut found }.deserialize(&mut de);
+    found
+}
+
+struct FindKey<'k, 'f, 't> {
+    key: &'k str,
+    found: &'f mut Option<&'t RawValue>,
+}
+
+impl<'t> DeserializeSeed<'t> for FindKey<'_, '_, 't> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'t>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'t> Visitor<'t> for FindKey<'_, '_, 't> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("an object")
+    }
+    fn visit_map<A: MapAccess<'t>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(k) = map.next_key::<Cow<'t, str>>()? {
+            if k == self.key {
+                *self.found = Some(map.next_value::<&'t RawValue>()?);
+                return Err(de::Error::custom("found"));
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    }
+}
+
+/// The entries of the object `text`, values undecoded, in order.
+pub fn entries(text: &str) -> Result<Vec<(Cow<'_, str>, &RawValue)>, serde_json::Error> {
+    struct Entries;
+    impl<'t> Visitor<'t> for Entries {
+        type Value = Vec<(Cow<'t, str>, &'t RawValue)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'t>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(k) = map.next_key::<Cow<'t, str>>()? {
+                out.push((k, map.next_value::<&'t RawValue>()?));
+            }
+            Ok(out)
+        }
+    }
+    serde_json::Deserializer::from_str(text).deserialize_map(Entries)
+}
+
+/// Writes `{"k":v,...}` from entries.
+pub fn write_object(out: &mut Vec<u8>, entries: &[(Cow<'_, str>, &RawValue)]) {
+    out.push(b'{');
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut *out, k.as_ref()).expect("a string serialises");
+        out.push(b':');
+        out.extend_from_slice(v.get().as_bytes());
+    }
+    out.push(b'}');
+}
+
+/// The offset of `part` (a slice of `whole`) in `whole`.
+pub fn offset_in(whole: &str, part: &str) -> usize {
+    part.as_ptr() as usize - whole.as_ptr() as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn top_level_finds_the_key_not_nested_ones() {
+        let text = r#"{"spec":{"metadata":{"x":1}},"kind":"K","metadata":{"name":"a\"b"},"status":{}}"#;
+        let m = top_level(text, "metadata").unwrap();
+        assert_eq!(m.get(), r#"{"name":"a\"b"}"#);
+        assert_eq!(&text[offset_in(text, m.get())..][..4], r#"{"na"#);
+        assert!(top_level(text, "nope").is_none());
+        assert!(top_level("[1]", "metadata").is_none());
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        let text = r#"{"a":1,"b":{"c":[1,2]},"d\"e":"x"}"#;
+        let e = entries(text).unwrap();
+        let mut out = Vec::new();
+        write_object(&mut out, &e);
+        assert_eq!(String::from_utf8(out).unwrap(), text);
+    }
+
+    #[test]
+    fn redact_paths_with_wildcards_and_indexes() {
+        let mut v =
+            json!({"spec": {"password": "p", "list": [{"s": 1}, {"s": 2}], "m": {"a": {"s": 3}, "b": {"s": 4}}}});
+        let r = json!("<redacted>");
+        assert_eq!(redact(&mut v, &FieldPath::parse("spec.password").unwrap().0, &r), 1);
+        assert_eq!(redact(&mut v, &FieldPath::parse("spec.list.1.s").unwrap().0, &r), 1);
+        assert_eq!(redact(&mut v, &FieldPath::parse("spec.m.*.s").unwrap().0, &r), 2);
+        assert_eq!(redact(&mut v, &FieldPath::parse("spec.absent").unwrap().0, &r), 0);
+        assert_eq!(
+            v,
+            json!({"spec": {"password": "<redacted>", "list": [{"s": 1}, {"s": "<redacted>"}], "m": {"a": {"s": "<redacted>"}, "b": {"s": "<redacted>"}}}})
+        );
+    }
+
+    #[test]
+    fn hash_skips_paths_and_ignores_key_order() {
+        let skip = vec![FieldPath::parse("status").unwrap(), FieldPath::parse("metadata.resourceVersion").unwrap()];
+        let a = json!({"metadata": {"name": "x", "resourceVersion": "1"}, "spec": {"r": 1}, "status": {"p": "a"}});
+        let b = json!({"status": {"p": "b"}, "spec": {"r": 1}, "metadata": {"resourceVersion": "2", "name": "x"}});
+        let c = json!({"metadata": {"name": "x", "resourceVersion": "1"}, "spec": {"r": 2}, "status": {"p": "a"}});
+        assert_eq!(hash_skipping(&a, &skip), hash_skipping(&b, &skip));
+        assert_ne!(hash_skipping(&a, &skip), hash_skipping(&c, &skip));
+        assert!(FieldPath::parse("a..b").is_err());
+        assert!(FieldPath::parse("").is_err());
+    }
+}

@@ -1,0 +1,422 @@
+//! Event shaping, per `[[resources]]` entry, between the reflector and the outbound queue:
+//! what leaves the cluster and which events are worth sending.
+//!
+//! For each change, in this order:
+//! 1. **Safe payload**: `metadata.managedFields` and the
+//!    `kubectl.kubernetes.io/last-applied-configuration` annotation are dropped (unless
+//!    `keep_managed_fields`; the annotation is dropped from Secrets anyway, as it holds their
+//!    data).
+//! 2. **Change detection** (`ignore_status_only`): a hash of the object without `status`,
+//!    `metadata.resourceVersion`, `metadata.generation`, `metadata.managedFields` and the
+//!    `ignore_fields` is kept per object (8 bytes + the map entry, no object); a `modified`
+//!    event whose hash did not change is dropped.
+//! 3. **Redaction**: Secret `data` / `stringData` values (unless `redact_secrets = false`) and
+//!    the `redact` field paths become `"<redacted>"`; keys stay.
+//! 4. **Previous object** (`keep_previous`): the shaped object is kept per uid, for CEL's
+//!    `oldObject` and the `patch` payload.
+//! 5. **Filter**: the `events` verbs, then the CEL `filter` (sees the shaped object).
+//! 6. **Payload**: `full`, `metadata` or `patch`; then `max_event_bytes`.
+//!
+//! Dropped events are still acknowledged, so they advance the checkpoint like delivered ones.
+//! The fast path (no option but the default managedFields removal) edits only the metadata's
+//! text and never decodes the rest of the object.
+
+pub mod filter;
+pub mod json;
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+use cloudevents::event::{AttributesWriter, ExtensionValue};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
+use tracing::{error, warn};
+
+use crate::config::{ResourceConfig, Verb};
+use crate::event::CloudEvent;
+use filter::Filter;
+use json::FieldPath;
+
+pub const REDACTED: &str = "<redacted>";
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+const PATCH_CONTENT_TYPE: &str = "application/json-patch+json";
+
+/// `payload`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PayloadMode {
+    /// The object (after removals and redaction).
+    #[default]
+    Full,
+    /// `apiVersion`, `kind` and `metadata` only: a reference to the object.
+    Metadata,
+    /// `modified`: an RFC 6902 JSON Patch from the previous object (needs `keep_previous`);
+    /// `added` / `deleted` and a `modified` whose previous object is not known (after a
+    /// restart): the full object. The `payload` extension says which.
+    Patch,
+}
+
+impl PayloadMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            PayloadMode::Full => "full",
+            PayloadMode::Metadata => "metadata",
+            PayloadMode::Patch => "patch",
+        }
+    }
+}
+
+/// `filter_error`: what happens to an event whose filter fails at run time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FilterErrorRule {
+    #[default]
+    Deliver,
+    Drop,
+}
+
+/// Why a change produced no event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dropped {
+    Verb,
+    StatusOnly,
+    Filter,
+    Unreadable,
+}
+
+/// The shaping of one `[[resources]]` entry, with its per-object state.
+pub struct Shaper {
+    filter: Option<Filter>,
+    filter_error: FilterErrorRule,
+    keep_managed_fields: bool,
+    is_secret: bool,
+    redact_secret_data: bool,
+    redact: Vec<FieldPath>,
+    max_event_bytes: usize,
+    ignore_status_only: bool,
+    skip: Vec<FieldPath>,
+    keep_previous: bool,
+    payload: PayloadMode,
+    /// uid hash -> hash of the object's significant content (`ignore_status_only`).
+    hashes: HashMap<u64, u64>,
+    /// uid -> the shaped object's JSON (`keep_previous`).
+    previous: HashMap<String, Box<[u8]>>,
+    describe: String,
+    /// Run-time filter errors since start.
+    pub filter_errors: u64,
+}
+
+/// Problems with a resource's shaping options: `(key, message, fix)`.
+pub fn problems(r: &ResourceConfig) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    if let Some(f) = &r.filter {
+        if let Err(e) = Filter::compile(f, r.keep_previous) {
+            out.push(("filter".into(), e.0, "see the CEL examples in config/kubecast.toml".into()));
+        }
+    }
+    for (key, paths) in [("redact", &r.redact), ("ignore_fields", &r.ignore_fields)] {
+        for (i, p) in paths.iter().enumerate() {
+            if let Err(e) = FieldPath::parse(p) {
+                out.push((format!("{key}[{i}]"), e, "write a dotted path like \"spec.password\" or \"data.*\"".into()));
+            }
+        }
+    }
+    if !r.ignore_fields.is_empty() && !r.ignore_status_only {
+        out.push((
+            "ignore_fields".into(),
+            "is only used with ignore_status_only = true".into(),
+            "set ignore_status_only = true, or remove ignore_fields".into(),
+        ));
+    }
+    if r.payload == PayloadMode::Patch && !r.keep_previous {
+        out.push((
+            "payload".into(),
+            "\"patch\" needs the previous object: keep_previous = true".into(),
+            "set keep_previous = true (memory: one copy of each object), or use payload = \"full\"".into(),
+        ));
+    }
+    if r.max_event_bytes != 0 && r.max_event_bytes < 1024 {
+        out.push((
+            "max_event_bytes".into(),
+            format!("{} is too small for even a metadata payload", r.max_event_bytes),
+            "use at least 1024, or 0 for no cap".into(),
+        ));
+    }
+    out
+}
+
+impl Shaper {
+    pub fn new(r: &ResourceConfig) -> Shaper {
+        let (group, _) = r.group_version();
+        let is_secret = group.is_empty() && r.kind == "Secret";
+        if is_secret && !r.redact_secrets {
+            warn!(resource = %r.describe(), "redact_secrets = false: Secret values leave the cluster in events");
+        }
+        let mut skip: Vec<FieldPath> =
+            ["status", "metadata.resourceVersion", "metadata.generation", "metadata.managedFields"]
+                .iter()
+                .map(|p| FieldPath::parse(p).expect("valid"))
+                .collect();
+        skip.extend(r.ignore_fields.iter().map(|p| FieldPath::parse(p).expect("validated")));
+        Shaper {
+            filter: r.filter.as_deref().map(|f| Filter::compile(f, r.keep_previous).expect("validated")),
+            filter_error: r.filter_error,
+            keep_managed_fields: r.keep_managed_fields,
+            is_secret,
+            redact_secret_data: is_secret && r.redact_secrets,
+            redact: r.redact.iter().map(|p| FieldPath::parse(p).expect("validated")).collect(),
+            max_event_bytes: usize::try_from(r.max_event_bytes).unwrap_or(usize::MAX),
+            ignore_status_only: r.ignore_status_only,
+            skip,
+            keep_previous: r.keep_previous,
+            payload: r.payload,
+            hashes: HashMap::new(),
+            previous: HashMap::new(),
+            describe: r.describe(),
+            filter_errors: 0,
+        }
+    }
+
+    /// Whether changes of unwanted verbs must still be seen (to keep per-object state).
+    pub fn keeps_state(&self) -> bool {
+        self.ignore_status_only || self.keep_previous
+    }
+
+    fn needs_value(&self) -> bool {
+        self.filter.is_some()
+            || self.redact_secret_data
+            || self.is_secret
+            || !self.redact.is_empty()
+            || self.keeps_state()
+            || self.payload != PayloadMode::Full
+    }
+
+    /// Shapes `event` (the change of object `uid`) in place; `Err` when it is not to be sent.
+    /// `wanted`: whether `events` lists its verb (state is kept either way).
+    pub fn apply(&mut self, verb: Verb, uid: &str, wanted: bool, event: &mut CloudEvent) -> Result<(), Dropped> {
+        if !self.needs_value() {
+            if !wanted {
+                return Err(Dropped::Verb);
+            }
+            if !self.keep_managed_fields {
+                if let Some(data) = strip_noise(&event.data) {
+                    event.data = data.into();
+                }
+            }
+            self.cap(event, None);
+            return Ok(());
+        }
+        let mut v: Value = match serde_json::from_slice(&event.data) {
+            Ok(v) => v,
+            Err(e) => {
+                // Not possible with an apiserver's JSON; never send what could not be redacted.
+                error!(resource = %self.describe, event_id = event.id(), error = %e, "object is not JSON; event dropped");
+                return Err(Dropped::Unreadable);
+            }
+        };
+        if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+            if !self.keep_managed_fields {
+                meta.remove("managedFields");
+            }
+            if !self.keep_managed_fields || self.redact_secret_data {
+                let now_empty = meta.get_mut("annotations").and_then(Value::as_object_mut).is_some_and(|a| {
+                    a.remove(LAST_APPLIED);
+                    a.is_empty()
+                });
+                if now_empty {
+                    meta.remove("annotations");
+                }
+            }
+        }
+        let mut unchanged = false;
+        if self.ignore_status_only {
+            let key = uid_key(uid);
+            match verb {
+                Verb::Deleted => {
+                    self.hashes.remove(&key);
+                }
+                Verb::Added => {
+                    self.hashes.insert(key, json::hash_skipping(&v, &self.skip));
+                }
+                Verb::Modified => {
+                    let h = json::hash_skipping(&v, &self.skip);
+                    unchanged = self.hashes.insert(key, h) == Some(h);
+                }
+            }
+        }
+        if self.redact_secret_data {
+            for field in ["data", "stringData"] {
+                if let Some(m) = v.get_mut(field).and_then(Value::as_object_mut) {
+                    for value in m.values_mut() {
+                        *value = Value::String(REDACTED.into());
+                    }
+                }
+            }
+        }
+        let redacted = Value::String(REDACTED.into());
+        for p in &self.redact {
+            json::redact(&mut v, &p.0, &redacted);
+        }
+        let old: Option<Value> = if self.keep_previous {
+            let old = self.previous.get(uid).and_then(|b| serde_json::from_slice(b).ok());
+            match verb {
+                Verb::Deleted => {
+                    self.previous.remove(uid);
+                }
+                Verb::Added | Verb::Modified => {
+                    let bytes = serde_json::to_vec(&v).expect("a Value serialises");
+                    self.previous.insert(uid.to_string(), bytes.into_boxed_slice());
+                }
+            }
+            old
+        } else {
+            None
+        };
+        if !wanted {
+            return Err(Dropped::Verb);
+        }
+        if unchanged && verb == Verb::Modified {
+            return Err(Dropped::StatusOnly);
+        }
+        if let Some(f) = &self.filter {
+            match f.eval(&v, old.as_ref(), verb.as_str()) {
+                Ok(true) => {}
+                Ok(false) => return Err(Dropped::Filter),
+                Err(e) => {
+                    self.filter_errors += 1;
+                    warn!(
+                        resource = %self.describe, event_id = event.id(), filter = f.source(), error = %e,
+                        rule = ?self.filter_error, "filter failed on this object; handled by filter_error"
+                    );
+                    if self.filter_error == FilterErrorRule::Drop {
+                        return Err(Dropped::Filter);
+                    }
+                }
+            }
+        }
+        let fallback = (self.max_event_bytes > 0).then(|| metadata_only(&v));
+        let (data, mode) = match (self.payload, verb, old) {
+            (PayloadMode::Metadata, _, _) => (metadata_only(&v), PayloadMode::Metadata),
+            (PayloadMode::Patch, Verb::Modified, Some(old)) => {
+                let patch = json_patch::diff(&old, &v);
+                (serde_json::to_value(patch).expect("a patch serialises"), PayloadMode::Patch)
+            }
+            _ => (v, PayloadMode::Full),
+        };
+        event.data = serde_json::to_vec(&data).expect("a Value serialises").into();
+        if mode == PayloadMode::Patch {
+            event.attributes.set_datacontenttype(Some(PATCH_CONTENT_TYPE));
+        }
+        if self.payload != PayloadMode::Full {
+            event.attributes.set_extension("payload", ExtensionValue::String(mode.as_str().into()));
+        }
+        self.cap(event, fallback);
+        Ok(())
+    }
+
+    /// `max_event_bytes`: an event whose structured form is larger falls back to the metadata
+    /// payload, with the extension `truncated = true`.
+    /// `fallback`: the metadata payload of the shaped object (else taken from the data).
+    fn cap(&self, event: &mut CloudEvent, fallback: Option<Value>) {
+        if self.max_event_bytes == 0 || event.to_structured().len() <= self.max_event_bytes {
+            return;
+        }
+        let meta = fallback
+            .unwrap_or_else(|| metadata_only(&serde_json::from_slice::<Value>(&event.data).unwrap_or(Value::Null)));
+        event.data = serde_json::to_vec(&meta).expect("a Value serialises").into();
+        event.attributes.set_datacontenttype(Some("application/json"));
+        if self.payload != PayloadMode::Full {
+            event.attributes.set_extension("payload", ExtensionValue::String(PayloadMode::Metadata.as_str().into()));
+        }
+        event.attributes.set_extension("truncated", ExtensionValue::Boolean(true));
+    }
+}
+
+fn uid_key(uid: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    uid.hash(&mut h);
+    h.finish()
+}
+
+/// `{"apiVersion", "kind", "metadata"}` of an object.
+fn metadata_only(v: &Value) -> Value {
+    let mut out = serde_json::Map::new();
+    for k in ["apiVersion", "kind", "metadata"] {
+        if let Some(x) = v.get(k) {
+            out.insert(k.to_string(), x.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// The fast path of the default removals: when the object has managedFields or the
+/// last-applied annotation, the object's text with them cut out of its metadata; the rest of
+/// the text is copied as it is, never decoded. `None`: nothing to remove.
+pub fn strip_noise(data: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(data).ok()?;
+    if !text.contains("\"managedFields\"") && !text.contains(LAST_APPLIED) {
+        return None;
+    }
+    let meta = json::top_level(text, "metadata")?;
+    let mtext = meta.get();
+    let annotations_text: String;
+    let new_annotations: Box<RawValue>;
+    let mut entries = json::entries(mtext).ok()?;
+    let before = entries.len();
+    entries.retain(|(k, _)| k != "managedFields");
+    let mut changed = entries.len() != before;
+    if let Some(pos) = entries.iter().position(|(k, _)| k == "annotations") {
+        if entries[pos].1.get().contains(LAST_APPLIED) {
+            let mut a = json::entries(entries[pos].1.get()).ok()?;
+            a.retain(|(k, _)| k != LAST_APPLIED);
+            changed = true;
+            if a.is_empty() {
+                entries.remove(pos);
+            } else {
+                let mut buf = Vec::new();
+                json::write_object(&mut buf, &a);
+                annotations_text = String::from_utf8(buf).ok()?;
+                new_annotations = RawValue::from_string(annotations_text).ok()?;
+                entries[pos].1 = &new_annotations;
+            }
+        }
+    }
+    if !changed {
+        return None;
+    }
+    let start = json::offset_in(text, mtext);
+    let mut out = Vec::with_capacity(text.len());
+    out.extend_from_slice(&data[..start]);
+    json::write_object(&mut out, &entries);
+    out.extend_from_slice(&data[start + mtext.len()..]);
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn strip_noise_cuts_only_the_noise() {
+        let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a", "annotations": {LAST_APPLIED: "{\"data\":1}", "keep": "me"},
+                         "managedFields": [{"manager": "kubectl"}]},
+            "data": {"k": "v \"managedFields\""}});
+        let text = serde_json::to_vec(&obj).unwrap();
+        let out: Value = serde_json::from_slice(&strip_noise(&text).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "annotations": {"keep": "me"}},
+                   "data": {"k": "v \"managedFields\""}})
+        );
+        let only_last_applied = json!({"metadata": {"name": "a", "annotations": {LAST_APPLIED: "x"}}, "spec": {}});
+        let out: Value =
+            serde_json::from_slice(&strip_noise(&serde_json::to_vec(&only_last_applied).unwrap()).unwrap()).unwrap();
+        assert_eq!(out, json!({"metadata": {"name": "a"}, "spec": {}}));
+        // Mentioned elsewhere only: nothing to do.
+        let clean = serde_json::to_vec(&json!({"metadata": {"name": "a"}, "data": {"managedFields": "x"}})).unwrap();
+        assert!(strip_noise(&clean).is_none());
+    }
+}
