@@ -76,19 +76,21 @@ pub fn remove(v: &mut Value, path: &[String]) {
     }
 }
 
-/// A 64-bit hash of `v` that ignores the values `skip` paths reach.
+/// A 64-bit hash of `v` that ignores the values `skip` paths reach. An object left empty by
+/// the skipping counts as absent (adding `metadata.annotations.heartbeat` to an object without
+/// annotations changes nothing when that path is skipped).
 pub fn hash_skipping(v: &Value, skip: &[FieldPath]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut path: Vec<&str> = Vec::new();
-    hash_into(v, skip, &mut path, &mut h);
-    h.finish()
+    digest(v, skip, &mut path).unwrap_or(0)
 }
 
 fn skipped(path: &[&str], skip: &[FieldPath]) -> bool {
     skip.iter().any(|p| p.0.len() == path.len() && p.0.iter().zip(path).all(|(s, k)| segment_matches(s, k)))
 }
 
-fn hash_into<'a>(v: &'a Value, skip: &[FieldPath], path: &mut Vec<&'a str>, h: &mut impl Hasher) {
+/// `None`: an object with nothing left after skipping.
+fn digest<'a>(v: &'a Value, skip: &[FieldPath], path: &mut Vec<&'a str>) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
     match v {
         Value::Null => h.write_u8(0),
         Value::Bool(b) => h.write_u8(1 + u8::from(*b)),
@@ -99,29 +101,36 @@ fn hash_into<'a>(v: &'a Value, skip: &[FieldPath], path: &mut Vec<&'a str>, h: &
         Value::String(s) => {
             h.write_u8(4);
             h.write(s.as_bytes());
-            h.write_u8(0xff);
         }
         Value::Array(items) => {
             h.write_u8(5);
             h.write_usize(items.len());
             for item in items {
-                hash_into(item, skip, path, h);
+                h.write_u64(digest(item, skip, path).unwrap_or(0));
             }
         }
         Value::Object(map) => {
             h.write_u8(6);
+            let mut any = false;
             // serde_json's map is sorted by key: the hash does not depend on key order.
             for (k, child) in map {
                 path.push(k);
                 if !skipped(path, skip) {
-                    h.write(k.as_bytes());
-                    h.write_u8(0xfe);
-                    hash_into(child, skip, path, h);
+                    if let Some(d) = digest(child, skip, path) {
+                        h.write(k.as_bytes());
+                        h.write_u8(0xfe);
+                        h.write_u64(d);
+                        any = true;
+                    }
                 }
                 path.pop();
             }
+            if !any {
+                return None;
+            }
         }
     }
+    Some(h.finish())
 }
 
 /// The value of top-level `key` of the object `text`, as a slice of `text`, found without
@@ -249,6 +258,18 @@ mod tests {
         let c = json!({"metadata": {"name": "x", "resourceVersion": "1"}, "spec": {"r": 2}, "status": {"p": "a"}});
         assert_eq!(hash_skipping(&a, &skip), hash_skipping(&b, &skip));
         assert_ne!(hash_skipping(&a, &skip), hash_skipping(&c, &skip));
+        let with_skipped =
+            json!({"metadata": {"name": "x", "resourceVersion": "1", "annotations": {"hb": "1"}}, "spec": {"r": 1}});
+        let skip2 = vec![
+            FieldPath::parse("metadata.annotations.hb").unwrap(),
+            FieldPath::parse("metadata.resourceVersion").unwrap(),
+            FieldPath::parse("status").unwrap(),
+        ];
+        assert_eq!(
+            hash_skipping(&a, &skip2),
+            hash_skipping(&with_skipped, &skip2),
+            "an emptied object counts as absent"
+        );
         assert!(FieldPath::parse("a..b").is_err());
         assert!(FieldPath::parse("").is_err());
     }
