@@ -104,7 +104,7 @@ a value inline instead of "${env:NAME}" / "${file:/path}".
 {{- if kindIs "map" $nats }}
 {{- range $k := list "password" "token" "nkey_seed" "credentials" }}
 {{- if and (hasKey $nats $k) (not (regexMatch $ref (toString (index $nats $k)))) }}
-{{- fail (printf "%s: sink.nats.%s %s (files: credentials_file, nkey_seed_file)" $where $k $fix) }}
+{{- fail (printf "%s: sink.nats.%s %s (or a file: credentials_file)" $where $k $fix) }}
 {{- end }}
 {{- end }}
 {{- end }}
