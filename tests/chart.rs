@@ -158,7 +158,10 @@ fn config_toml(objs: &[Value]) -> String {
 }
 
 /// (kind, namespace) of each Role / ClusterRole -> its rules as (group, resource, verbs).
-fn rbac(objs: &[Value]) -> BTreeMap<(String, String), BTreeSet<(String, String, String)>> {
+/// (group, resource, "verb,verb,...") of each rule.
+type Rules = BTreeSet<(String, String, String)>;
+
+fn rbac(objs: &[Value]) -> BTreeMap<(String, String), Rules> {
     let mut m = BTreeMap::new();
     for o in objs.iter().filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole") {
         let mut rules = BTreeSet::new();
@@ -178,7 +181,7 @@ fn rbac(objs: &[Value]) -> BTreeMap<(String, String), BTreeSet<(String, String, 
     m
 }
 
-fn read_only(rules: &[(&str, &str)]) -> BTreeSet<(String, String, String)> {
+fn read_only(rules: &[(&str, &str)]) -> Rules {
     rules.iter().map(|(g, r)| (g.to_string(), r.to_string(), "get,list,watch".to_string())).collect()
 }
 
@@ -329,8 +332,13 @@ fn minimal_values_render_one_restricted_replica_and_a_read_only_cluster_role() {
     assert!(annotations["checksum/config"].is_string());
     assert!(annotations["prometheus.io/scrape"].is_null(), "metrics annotations are off by default");
     let toml = config_toml(&objs);
-    for line in ["type = \"stdout\"", "api_version = \"apps/v1\"", "kind = \"Deployment\"", "qps = 20", "dir = \"/var/lib/kubecast\""]
-    {
+    for line in [
+        "type = \"stdout\"",
+        "api_version = \"apps/v1\"",
+        "kind = \"Deployment\"",
+        "qps = 20",
+        "dir = \"/var/lib/kubecast\"",
+    ] {
         assert!(toml.contains(line), "no {line:?} in\n{toml}");
     }
     assert!(!toml.contains("resource ="), "the chart's `resource` key must not reach kubecast.toml:\n{toml}");
@@ -417,10 +425,7 @@ fn sidecar_values_render_the_container_in_a_pod_template_and_bind_the_other_pods
         kind_counts(&[("ConfigMap", 1), ("PodTemplate", 1), ("Role", 1), ("RoleBinding", 1)]),
         "no Deployment, Service or ServiceAccount in sidecar mode with an existing account"
     );
-    assert_eq!(
-        rbac(&objs),
-        BTreeMap::from([(("Role".into(), "shop".into()), read_only(&[("", "configmaps")]))])
-    );
+    assert_eq!(rbac(&objs), BTreeMap::from([(("Role".into(), "shop".into()), read_only(&[("", "configmaps")]))]));
     assert_eq!(binding_subjects(&objs), BTreeSet::from(["kc/shop-app".to_string()]));
     let tpl = one(&objs, "PodTemplate");
     assert_eq!(tpl["metadata"]["name"], "k-kubecast-sidecar");
@@ -467,7 +472,10 @@ fn service_monitor_is_off_by_default_and_scrapes_metrics_on_the_admin_port_when_
     let sm = one(&on, "ServiceMonitor");
     assert_eq!(sm["apiVersion"], "monitoring.coreos.com/v1");
     assert_eq!(sm["metadata"]["labels"]["release"], "prometheus");
-    assert_eq!(sm["spec"]["endpoints"], json!([{"port": "admin", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}]));
+    assert_eq!(
+        sm["spec"]["endpoints"],
+        json!([{"port": "admin", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}])
+    );
     // It selects the Service, whose port `admin` exists and targets the container's port.
     let svc = one(&on, "Service");
     for (k, v) in sm["spec"]["selector"]["matchLabels"].as_object().unwrap() {
@@ -483,7 +491,11 @@ fn service_monitor_is_off_by_default_and_scrapes_metrics_on_the_admin_port_when_
     // Without the Service a ServiceMonitor has nothing to select: a clear error.
     let out = template("servicemonitor", &["service.enabled=false"]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("metrics.serviceMonitor.enabled needs service.enabled"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("metrics.serviceMonitor.enabled needs service.enabled"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// The chart's config, written out, passes kubecast's own validation (unknown keys, types).
@@ -502,7 +514,8 @@ fn every_rendered_config_passes_kubecast_check_config() {
             cmd.env_remove(k);
         }
         let pod = objs.iter().find(|o| o["kind"] == "Deployment" || o["kind"] == "PodTemplate").unwrap();
-        let spec = if pod["kind"] == "Deployment" { &pod["spec"]["template"]["spec"] } else { &pod["template"]["spec"] };
+        let spec =
+            if pod["kind"] == "Deployment" { &pod["spec"]["template"]["spec"] } else { &pod["template"]["spec"] };
         for e in kubecast_container(spec)["env"].as_array().unwrap() {
             let value = e["value"].as_str().unwrap_or("from-a-secret");
             cmd.env(e["name"].as_str().unwrap(), value);
@@ -522,8 +535,24 @@ fn every_rendered_config_passes_kubecast_check_config() {
 #[test]
 fn a_secret_written_inline_is_refused_and_never_rendered() {
     let cases: [(&str, &[&str], &str); 4] = [
-        ("minimal", &["config.sink.type=kafka", "config.sink.kafka.brokers=k:9092", "config.sink.kafka.properties.sasl\\.password=hunter2"], "sink.kafka.properties.\"sasl.password\""),
-        ("minimal", &["config.sink.type=kafka", "config.sink.kafka.brokers=k:9092", "config.sink.kafka.properties.sasl\\.oauthbearer\\.client\\.secret=hunter2"], "sasl.oauthbearer.client.secret"),
+        (
+            "minimal",
+            &[
+                "config.sink.type=kafka",
+                "config.sink.kafka.brokers=k:9092",
+                "config.sink.kafka.properties.sasl\\.password=hunter2",
+            ],
+            "sink.kafka.properties.\"sasl.password\"",
+        ),
+        (
+            "minimal",
+            &[
+                "config.sink.type=kafka",
+                "config.sink.kafka.brokers=k:9092",
+                "config.sink.kafka.properties.sasl\\.oauthbearer\\.client\\.secret=hunter2",
+            ],
+            "sasl.oauthbearer.client.secret",
+        ),
         ("nats-creds", &["config.sink.nats.password=hunter2"], "sink.nats.password"),
         ("nats-creds", &["config.sink.nats.token=hunter2"], "sink.nats.token"),
     ];
@@ -535,7 +564,10 @@ fn a_secret_written_inline_is_refused_and_never_rendered() {
         assert!(!stderr.contains("hunter2") && !stdout.contains("hunter2"), "the secret leaked:\n{stderr}");
     }
     // References are fine.
-    let objs = render("nats-creds", &["config.sink.nats.user=kubecast", "config.sink.nats.password=${file:/etc/kubecast/nats/password}"]);
+    let objs = render(
+        "nats-creds",
+        &["config.sink.nats.user=kubecast", "config.sink.nats.password=${file:/etc/kubecast/nats/password}"],
+    );
     assert!(config_toml(&objs).contains("password = \"${file:/etc/kubecast/nats/password}\""));
 }
 
@@ -552,15 +584,20 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     let err = text(&out.stderr);
     assert!(err.contains("config.raw watches [apps/v1|StatefulSet|]") && err.contains("config.resources"), "{err}");
     // Inline secrets are refused in raw configs too.
-    let secret = format!("{raw}[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.properties]\n\"sasl.password\" = \"hunter2\"\n")
-        .replace("type = \"stdout\"", "type = \"kafka\"");
+    let secret =
+        format!("{raw}[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.properties]\n\"sasl.password\" = \"hunter2\"\n")
+            .replace("type = \"stdout\"", "type = \"kafka\"");
     let out = template("minimal", &[&format!("config.raw={secret}")]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("config.raw: sink.kafka.properties.\"sasl.password\"") && !err.contains("hunter2"), "{err}");
     // Not TOML at all.
     let out = template("minimal", &["config.raw=[cluster"]);
-    assert!(!out.status.success() && text(&out.stderr).contains("config.raw is not valid TOML"), "{}", text(&out.stderr));
+    assert!(
+        !out.status.success() && text(&out.stderr).contains("config.raw is not valid TOML"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -604,7 +641,10 @@ async fn the_pod_meets_the_restricted_pod_security_standard() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!text(&out.stderr).contains("violate"), "{}", text(&out.stderr));
     // The check can fail: the same pod with privilege escalation allowed is refused.
-    let out = kubectl(&["create", "--dry-run=server", "-f", "-"], Some(&pod_from(&["securityContext.allowPrivilegeEscalation=true"])));
+    let out = kubectl(
+        &["create", "--dry-run=server", "-f", "-"],
+        Some(&pod_from(&["securityContext.allowPrivilegeEscalation=true"])),
+    );
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("violates PodSecurity \"restricted"), "{}", text(&out.stderr));
 }
@@ -619,7 +659,8 @@ async fn helm_install_works_on_the_real_apiserver_for_every_ci_values_file() {
         let ns = TestNamespace::new(&client, "kc-install").await;
         let release = common::unique("kc");
         let file = ci_values(v);
-        let out = ok(helm(&["install", &release, &chart, "-n", &ns.name, "-f", &file]), &format!("helm install -f {v}"));
+        let out =
+            ok(helm(&["install", &release, &chart, "-n", &ns.name, "-f", &file]), &format!("helm install -f {v}"));
         assert!(out.contains("STATUS: deployed"), "{v}: {out}");
         // NOTES.txt lists what is watched.
         assert!(out.contains("Watched resources (RBAC: get, list, watch, nothing else"), "{v}: {out}");
@@ -666,10 +707,7 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
     let values_path = dir.path().join("values.json"); // JSON is YAML
     std::fs::write(&values_path, values.to_string()).unwrap();
     let chart = chart();
-    ok(
-        helm(&["install", &release, &chart, "-n", &home.name, "-f", values_path.to_str().unwrap()]),
-        "helm install",
-    );
+    ok(helm(&["install", &release, &chart, "-n", &home.name, "-f", values_path.to_str().unwrap()]), "helm install");
 
     // A kubeconfig with a token of the chart's ServiceAccount (and nothing else).
     let token = ok(kubectl(&["create", "token", &sa, "-n", &home.name, "--duration=1h"], None), "kubectl create token");
@@ -687,7 +725,8 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
     let kubeconfig = kubeconfig.to_str().unwrap().to_string();
 
     // What the identity may do: read (get, list, watch) the configured resources, nothing else.
-    let who = ok(kubectl_as(&kubeconfig, &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"], None), "whoami");
+    let who =
+        ok(kubectl_as(&kubeconfig, &["auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"], None), "whoami");
     assert_eq!(who, format!("system:serviceaccount:{}:{sa}", home.name));
     let can = |args: &[&str]| {
         let mut a = vec!["auth", "can-i"];
@@ -737,7 +776,11 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
     assert_eq!(common::about(&evs, &cm_subject)[0]["type"], "io.kubecast.core.ConfigMap.added");
     assert_eq!(common::about(&evs, &dep_subject)[0]["type"], "io.kubecast.apps.Deployment.added");
     assert!(common::about(&evs, &format!("{}/unseen", other.name)).is_empty());
-    assert!(evs.iter().all(|e| e["source"].as_str().unwrap().starts_with("k8s://rbac-proof/")), "{}", common::pretty(&evs));
+    assert!(
+        evs.iter().all(|e| e["source"].as_str().unwrap().starts_with("k8s://rbac-proof/")),
+        "{}",
+        common::pretty(&evs)
+    );
     kc.wait_ready(200).await;
     assert!(kc.stop().success(), "{}", kc.log());
 
@@ -746,11 +789,15 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
         (format!("api_version = \"v1\"\nkind = \"Secret\"\nnamespaces = [\"{}\"]", watched.name), "secrets"),
         ("api_version = \"v1\"\nkind = \"ConfigMap\"".to_string(), "configmaps"),
     ] {
-        let mut kc = Kubecast::start_with(&format!("{config}\n[[resources]]\n{entry}\n"), &[("KUBECONFIG", &kubeconfig)]);
+        let mut kc =
+            Kubecast::start_with(&format!("{config}\n[[resources]]\n{entry}\n"), &[("KUBECONFIG", &kubeconfig)]);
         let status = kc.wait_exit(WAIT).await;
         let log = kc.log();
         assert!(!status.success(), "kubecast ran without permission on {resource}:\n{log}");
-        assert!(log.contains("forbidden") && log.contains(&format!("grant get, list and watch on {resource}")), "{log}");
+        assert!(
+            log.contains("forbidden") && log.contains(&format!("grant get, list and watch on {resource}")),
+            "{log}"
+        );
     }
     ok(helm(&["uninstall", &release, "-n", &home.name]), "helm uninstall");
 }
@@ -778,7 +825,8 @@ fn without_tables(toml: &str, names: &[&str]) -> String {
 #[test]
 fn the_binary_needs_only_the_libraries_of_the_distroless_cc_image() {
     let out = ok(Command::new("ldd").arg(common::bin()).output().expect("ldd"), "ldd");
-    let allowed = ["linux-vdso.so", "ld-linux", "libc.so", "libm.so", "libgcc_s.so", "libpthread.so", "libdl.so", "librt.so"];
+    let allowed =
+        ["linux-vdso.so", "ld-linux", "libc.so", "libm.so", "libgcc_s.so", "libpthread.so", "libdl.so", "librt.so"];
     let libs: Vec<&str> = out.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     assert!(libs.iter().any(|l| l.starts_with("libc.so")), "{out}");
     for l in &libs {
@@ -860,7 +908,8 @@ spec:
         {{- include "kubecast.volumes" .Subcharts.kubecast | nindent 8 }}
 "#;
     std::fs::write(host.join("templates/deployment.yaml"), deployment).unwrap();
-    let out = ok(helm(&["template", "h", host.to_str().unwrap(), "--namespace", "kc"]), "helm template the parent chart");
+    let out =
+        ok(helm(&["template", "h", host.to_str().unwrap(), "--namespace", "kc"]), "helm template the parent chart");
     let objs = server_dry_run(&out);
     let deployments: Vec<_> = objs.iter().filter(|o| o["kind"] == "Deployment").collect();
     assert_eq!(deployments.len(), 1, "only the parent's Deployment");
