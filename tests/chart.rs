@@ -135,6 +135,13 @@ fn render(values: &str, sets: &[&str]) -> Vec<Value> {
     server_dry_run(&manifests)
 }
 
+/// Each of `lines` is in the rendered kubecast.toml.
+fn assert_has_lines(toml: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(toml.contains(line), "no {line:?} in\n{toml}");
+    }
+}
+
 fn kinds(objs: &[Value]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for o in objs {
@@ -332,15 +339,16 @@ fn minimal_values_render_one_restricted_replica_and_a_read_only_cluster_role() {
     assert!(annotations["checksum/config"].is_string());
     assert!(annotations["prometheus.io/scrape"].is_null(), "metrics annotations are off by default");
     let toml = config_toml(&objs);
-    for line in [
-        "type = \"stdout\"",
-        "api_version = \"apps/v1\"",
-        "kind = \"Deployment\"",
-        "qps = 20",
-        "dir = \"/var/lib/kubecast\"",
-    ] {
-        assert!(toml.contains(line), "no {line:?} in\n{toml}");
-    }
+    assert_has_lines(
+        &toml,
+        &[
+            "type = \"stdout\"",
+            "api_version = \"apps/v1\"",
+            "kind = \"Deployment\"",
+            "qps = 20",
+            "dir = \"/var/lib/kubecast\"",
+        ],
+    );
     assert!(!toml.contains("resource ="), "the chart's `resource` key must not reach kubecast.toml:\n{toml}");
     assert!(!toml.contains("20.0"), "whole numbers must be integers:\n{toml}");
     assert_only_read_rules(&objs);
@@ -369,18 +377,19 @@ fn kafka_sasl_values_read_the_password_from_the_secret_and_render_namespaced_rol
     assert_eq!(mount_path(c, "kafka-ca").as_deref(), Some("/etc/kubecast/kafka-ca"));
     assert_eq!(volume(spec, "kafka-ca")["secret"]["secretName"], "kafka-ca");
     let toml = config_toml(&objs);
-    for line in [
-        "type = \"kafka\"",
-        "[sink.kafka.properties]",
-        "\"sasl.password\" = \"${env:KAFKA_PASSWORD}\"",
-        "\"linger.ms\" = \"20\"",
-        "queue_capacity = 20000",
-        "[delivery.dead_letter]",
-        "namespaces = [\"shop\", \"billing\"]",
-        "page_size = 200",
-    ] {
-        assert!(toml.contains(line), "no {line:?} in\n{toml}");
-    }
+    assert_has_lines(
+        &toml,
+        &[
+            "type = \"kafka\"",
+            "[sink.kafka.properties]",
+            "\"sasl.password\" = \"${env:KAFKA_PASSWORD}\"",
+            "\"linger.ms\" = \"20\"",
+            "queue_capacity = 20000",
+            "[delivery.dead_letter]",
+            "namespaces = [\"shop\", \"billing\"]",
+            "page_size = 200",
+        ],
+    );
     assert_only_read_rules(&objs);
     assert_no_secret_objects(&objs);
 }
@@ -404,15 +413,16 @@ fn nats_values_mount_the_creds_file_and_grant_core_and_crd_resources_cluster_wid
     assert_eq!(secret["items"], json!([{"key": "nats.creds", "path": "nats.creds"}]));
     assert!(c["volumeMounts"].as_array().unwrap().iter().all(|m| m["name"] != "nats-creds" || m["readOnly"] == true));
     let toml = config_toml(&objs);
-    for line in [
-        "type = \"nats\"",
-        "[sink.nats]",
-        "credentials_file = \"/etc/kubecast/nats/nats.creds\"",
-        "jetstream = true",
-        "label_selector = \"tier=gold\"",
-    ] {
-        assert!(toml.contains(line), "no {line:?} in\n{toml}");
-    }
+    assert_has_lines(
+        &toml,
+        &[
+            "type = \"nats\"",
+            "[sink.nats]",
+            "credentials_file = \"/etc/kubecast/nats/nats.creds\"",
+            "jetstream = true",
+            "label_selector = \"tier=gold\"",
+        ],
+    );
     assert_only_read_rules(&objs);
     assert_no_secret_objects(&objs);
 }
