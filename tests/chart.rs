@@ -765,7 +765,7 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
         kubectl(&["get", "configmap", &sa, "-n", &home.name, "-o", "jsonpath={.data.kubecast\\.toml}"], None),
         "read the chart's ConfigMap",
     );
-    let config = without_tables(&installed, &["sink", "checkpoint"]);
+    let config = tables(&installed, &["sink", "checkpoint"], false);
     assert!(config.contains("[[resources]]") && config.contains(&watched.name), "{config}");
     let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", &kubeconfig)]);
     kc.wait_log("list complete", 2).await;
@@ -812,17 +812,17 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
     ok(helm(&["uninstall", &release, "-n", &home.name]), "helm uninstall");
 }
 
-/// `toml` without the top-level tables `names` (and their sub-tables).
-fn without_tables(toml: &str, names: &[&str]) -> String {
+/// The top-level tables `names` of `toml` (with their sub-tables) when `keep`, else the rest.
+fn tables(toml: &str, names: &[&str], keep: bool) -> String {
     let mut out = String::new();
-    let mut skipping = false;
+    let mut inside = false;
     for line in toml.lines() {
         let t = line.trim_start();
         if t.starts_with('[') {
             let header = t.trim_start_matches('[').trim_end_matches(']');
-            skipping = names.iter().any(|n| header == *n || header.starts_with(&format!("{n}.")));
+            inside = names.iter().any(|n| header == *n || header.starts_with(&format!("{n}.")));
         }
-        if !skipping {
+        if inside == keep {
             out.push_str(line);
             out.push('\n');
         }
@@ -933,4 +933,89 @@ spec:
     let cm = one(&objs, "ConfigMap")["metadata"]["name"].clone();
     assert_eq!(volume(spec, "kubecast-config")["configMap"]["name"], cm);
     assert!(config_toml(&objs).contains("name = \"host\""));
+}
+
+/// Kafka credentials come from the Secret the chart references: kubecast runs with the
+/// chart's own Kafka sink against the SASL listener of the test Kafka, with the environment
+/// the kubelet would give the container (each `secretKeyRef` read from the Secret). The right
+/// Secret authenticates and the snapshot arrives; a Secret with a wrong password does not.
+/// The password appears neither in the rendered manifests nor in kubecast's log.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_credentials_come_from_the_secret_the_chart_references() {
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "kc-kafka").await;
+    let right = common::env_var("KAFKA_SASL_PASSWORD");
+    let wrong = "not-the-password-4711";
+    for (secret, password) in [("kafka-creds", right.as_str()), ("kafka-wrong", wrong)] {
+        let literal = format!("--from-literal=password={password}");
+        ok(kubectl(&["create", "secret", "generic", secret, "-n", &ns.name, &literal], None), "create secret");
+    }
+    common::create_cm(&client, &ns.name, "seen", json!({}), json!({"k": "v"})).await;
+    let cluster = common::unique("chart");
+    let topic = format!("{cluster}.configmaps");
+    let values = |secret: &str| {
+        json!({
+            "config": {
+                "cluster": {"name": cluster},
+                "sink": {"type": "kafka", "kafka": {
+                    "brokers": common::env_var("KAFKA_SASL_BROKERS"),
+                    "topic": "{cluster}.{resource}",
+                    "properties": {
+                        "security.protocol": "SASL_PLAINTEXT",
+                        "sasl.mechanism": "PLAIN",
+                        "sasl.username": common::env_var("KAFKA_SASL_USER"),
+                        "sasl.password": "${env:KAFKA_PASSWORD}"
+                    }}},
+                "delivery": {"shutdown_timeout_seconds": 2},
+                "resources": [{"api_version": "v1", "kind": "ConfigMap", "resource": "configmaps", "namespaces": [ns.name]}]
+            },
+            "secretEnv": [{"name": "KAFKA_PASSWORD", "secretName": secret, "key": "password"}]
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let chart = chart();
+    let start = |secret: &str| {
+        let path = dir.path().join(format!("{secret}.json"));
+        std::fs::write(&path, values(secret).to_string()).unwrap();
+        let manifests = ok(
+            helm(&["template", "k", &chart, "-n", &ns.name, "-f", path.to_str().unwrap()]),
+            "helm template with the Kafka sink",
+        );
+        assert!(!manifests.contains(&right) && !manifests.contains(wrong), "a password in the manifests");
+        let objs = server_dry_run(&manifests);
+        let toml = config_toml(&objs);
+        // The kubelet's part: every secretKeyRef of the container, read from its Secret.
+        let mut env = Vec::new();
+        for e in kubecast_container(pod_spec(&objs))["env"].as_array().unwrap() {
+            let Some(r) = e["valueFrom"]["secretKeyRef"].as_object() else { continue };
+            let tpl = format!("go-template={{{{index .data \"{}\" | base64decode}}}}", r["key"].as_str().unwrap());
+            let value = ok(
+                kubectl(&["get", "secret", r["name"].as_str().unwrap(), "-n", &ns.name, "-o", &tpl], None),
+                "read the referenced Secret",
+            );
+            env.push((e["name"].as_str().unwrap().to_string(), value));
+        }
+        assert_eq!(env.len(), 1, "{env:?}");
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        // The chart's config and sink; only the checkpoint directory is the harness's.
+        let sink = tables(&toml, &["sink"], true);
+        Kubecast::start_with_sink(&tables(&toml, &["sink", "checkpoint"], false), &sink, "", &env)
+    };
+
+    let mut kc = start("kafka-wrong");
+    kc.wait_ready_reason("sink: broker not reachable").await;
+    assert!(kc.stop().success(), "{}", kc.log());
+    assert!(!kc.log().contains(wrong), "the password was logged:\n{}", kc.log());
+
+    let mut kc = start("kafka-creds");
+    kc.wait_ready(200).await;
+    let consumer = Command::new(repo().join("tests/env/kafka-console-consumer"))
+        .args(["--bootstrap-server", &common::env_var("KAFKA_BROKERS"), "--topic", &topic, "--from-beginning"])
+        .args(["--max-messages", "1", "--timeout-ms", "60000", "--property", "print.headers=true"])
+        .output()
+        .expect("kafka-console-consumer");
+    let record = text(&consumer.stdout);
+    assert!(record.contains(&format!("ce_subject:{}/seen", ns.name)), "{record}\n{}", text(&consumer.stderr));
+    assert!(kc.stop().success(), "{}", kc.log());
+    assert!(!kc.log().contains(&right), "the password was logged:\n{}", kc.log());
 }
