@@ -158,7 +158,7 @@ toToml. Also runs the checks (secrets inline, raw resources = config.resources).
 {{- $_ := set $cfg "resources" $res }}
 {{- include "kubecast.intify" $cfg }}
 {{- printf "# Rendered by the kubecast Helm chart from its values; every key: config/kubecast.toml.\n" }}
-{{- mustToToml $cfg }}
+{{- toToml $cfg }}
 {{- end }}
 {{- end }}
 
