@@ -368,6 +368,10 @@ fn kafka_sasl_values_read_the_password_from_the_secret_and_render_namespaced_rol
     );
     assert_eq!(kinds(&objs).get("ClusterRole"), None);
     assert_eq!(kinds(&objs)["RoleBinding"], 2);
+    // Named after the release's namespace too: another release "k" elsewhere does not clash.
+    for o in objs.iter().filter(|o| o["kind"] == "Role" || o["kind"] == "RoleBinding") {
+        assert_eq!(o["metadata"]["name"], "kc-k-kubecast", "{o}");
+    }
     assert_eq!(binding_subjects(&objs), BTreeSet::from(["kc/k-kubecast".to_string()]));
     let spec = pod_spec(&objs);
     let c = kubecast_container(spec);
