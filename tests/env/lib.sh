@@ -219,6 +219,29 @@ ensure_nats() {
 	link_bin "$out" nats-server
 }
 
+# ensure_helm: build (first time only) helm from helm/go.mod and link it as $BIN_DIR/helm.
+# Not a service: the chart tests run it (tests/env/tools helm).
+ensure_helm() {
+	local dir=$ENV_DIR/helm ver key out
+	ver=$(go_mod_version "$dir" helm.sh/helm/v4)
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/tools.go")
+	out=$CACHE_DIR/bin/helm-$key
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 helm
+		if [[ ! -x $out ]]; then
+			log "building helm $ver (first run, ~3-8 min on 2 cores) ..."
+			local t0=$SECONDS x=helm.sh/helm/v4/internal/version
+			go_build "helm $ver" "$dir" "$STATE_DIR/build-helm.log" -- \
+				-ldflags "-s -w -X $x.version=$ver -X $x.gitTreeState=clean" -o "$out.tmp" helm.sh/helm/v4/cmd/helm
+			mv -f "$out.tmp" "$out"
+			log "built helm $ver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" helm
+}
+
 kafka_version() {
 	sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ENV_DIR/kafka/pom.xml" | head -n1
 }
@@ -403,6 +426,8 @@ write_env() {
 		for svc in "${running[@]}"; do
 			cat "$STATE_DIR/$svc/env"
 		done
+		# Tools built by tests/env/tools (not services: present once built).
+		if [[ -x $BIN_DIR/helm ]]; then kv HELM "$BIN_DIR/helm"; fi
 	} >"$tmp"
 	mv -f "$tmp" "$STATE_DIR/env"
 }

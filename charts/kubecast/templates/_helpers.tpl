@@ -1,0 +1,298 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "kubecast.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kubecast.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kubecast.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "kubecast.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kubecast.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kubecast.labels" -}}
+helm.sh/chart: {{ include "kubecast.chart" . }}
+{{ include "kubecast.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: event-publisher
+app.kubernetes.io/part-of: kubecast
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "kubecast.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kubecast.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name: set the existing ServiceAccount kubecast runs as (serviceAccount.create is false)" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kubecast.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* Where the chart mounts things in the kubecast container. */}}
+{{- define "kubecast.configDir" -}}/etc/kubecast/config{{- end }}
+{{- define "kubecast.checkpointDir" -}}/var/lib/kubecast{{- end }}
+
+{{/*
+"kubecast.intify" DICT: turns whole-number floats in DICT (in place, recursively) into
+integers. Helm reads numbers of values files as floats, and toToml would write 20 as 20.0,
+which kubecast's integer keys refuse.
+*/}}
+{{- define "kubecast.intify" -}}
+{{- $m := . }}
+{{- range $k, $v := $m }}
+{{- if kindIs "float64" $v }}
+{{- if eq $v (float64 (int64 $v)) }}{{ $_ := set $m $k (int64 $v) }}{{ end }}
+{{- else if kindIs "map" $v }}
+{{- include "kubecast.intify" $v }}
+{{- else if kindIs "slice" $v }}
+{{- $out := list }}
+{{- range $e := $v }}
+{{- if and (kindIs "float64" $e) (eq $e (float64 (int64 $e))) }}
+{{- $out = append $out (int64 $e) }}
+{{- else }}
+{{- if kindIs "map" $e }}{{ include "kubecast.intify" $e }}{{ end }}
+{{- $out = append $out $e }}
+{{- end }}
+{{- end }}
+{{- $_ := set $m $k $out }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+"kubecast.checkSecrets" (list SINK WHERE): fails when a secret-looking key of the sink holds
+a value inline instead of "${env:NAME}" / "${file:/path}".
+*/}}
+{{- define "kubecast.checkSecrets" -}}
+{{- $sink := index . 0 }}
+{{- $where := index . 1 }}
+{{- $ref := "^\\$\\{(env|file):[^}]+\\}$" }}
+{{- $fix := "holds a secret inline; reference an existing Secret instead: \"${env:NAME}\" with secretEnv, or \"${file:/path}\" with secretMounts" }}
+{{- if kindIs "map" $sink }}
+{{- with $sink.kafka }}
+{{- range $k, $v := (.properties | default dict) }}
+{{- if and (regexMatch "(password|secret|jaas\\.config|key\\.pem|token)" (lower $k)) (not (regexMatch $ref (toString $v))) }}
+{{- fail (printf "%s: sink.kafka.properties.%q %s" $where $k $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $nats := $sink.nats }}
+{{- if kindIs "map" $nats }}
+{{- range $k := list "password" "token" "nkey_seed" "credentials" }}
+{{- if and (hasKey $nats $k) (not (regexMatch $ref (toString (index $nats $k)))) }}
+{{- fail (printf "%s: sink.nats.%s %s (or a file: credentials_file)" $where $k $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "kubecast.group" API_VERSION: the API group ("" for the core group "v1"). */}}
+{{- define "kubecast.group" -}}
+{{- if contains "/" . }}{{ first (splitList "/" .) }}{{ end }}
+{{- end }}
+
+{{/* "kubecast.streamKey" RESOURCE: api_version|kind|sorted,namespaces (to compare configs). */}}
+{{- define "kubecast.streamKey" -}}
+{{- printf "%s|%s|%s" .api_version .kind (join "," (sortAlpha (.namespaces | default list))) }}
+{{- end }}
+
+{{/*
+The kubecast.toml of the ConfigMap: config.raw verbatim, or rendered from config.* with
+toToml. Also runs the checks (secrets inline, raw resources = config.resources).
+*/}}
+{{- define "kubecast.configToml" -}}
+{{- $listen := printf "0.0.0.0:%d" (int .Values.admin.port) }}
+{{- if .Values.config.raw }}
+{{- $raw := fromToml .Values.config.raw }}
+{{- if hasKey $raw "Error" }}
+{{- fail (printf "config.raw is not valid TOML: %s" $raw.Error) }}
+{{- end }}
+{{- include "kubecast.checkSecrets" (list ($raw.sink | default dict) "config.raw") }}
+{{- $rawKeys := list }}
+{{- range ($raw.resources | default list) }}{{ $rawKeys = append $rawKeys (include "kubecast.streamKey" .) }}{{ end }}
+{{- $keys := list }}
+{{- range .Values.config.resources }}{{ $keys = append $keys (include "kubecast.streamKey" .) }}{{ end }}
+{{- if ne (sortAlpha $rawKeys | uniq | join ";") (sortAlpha $keys | uniq | join ";") }}
+{{- fail (printf "config.raw watches [%s] but config.resources lists [%s]; RBAC is rendered from config.resources, so list every [[resources]] entry of config.raw there too (api_version, kind, resource = the plural, namespaces)" (sortAlpha $rawKeys | join "; ") (sortAlpha $keys | join "; ")) }}
+{{- end }}
+{{- .Values.config.raw }}
+{{- else }}
+{{- include "kubecast.checkSecrets" (list .Values.config.sink "config") }}
+{{- $cfg := dict }}
+{{- $_ := set $cfg "cluster" (deepCopy .Values.config.cluster) }}
+{{- $_ := set $cfg "checkpoint" (merge (dict "dir" (include "kubecast.checkpointDir" .)) (deepCopy .Values.config.checkpoint)) }}
+{{- $_ := set $cfg "sink" (deepCopy .Values.config.sink) }}
+{{- if .Values.config.delivery }}
+{{- $_ := set $cfg "delivery" (deepCopy .Values.config.delivery) }}
+{{- end }}
+{{- $_ := set $cfg "admin" (dict "listen" $listen) }}
+{{- $res := list }}
+{{- range .Values.config.resources }}
+{{- $res = append $res (omit (deepCopy .) "resource") }}
+{{- end }}
+{{- $_ := set $cfg "resources" $res }}
+{{- include "kubecast.intify" $cfg }}
+{{- printf "# Rendered by the kubecast Helm chart from its values; every key: config/kubecast.toml.\n" }}
+{{- toToml $cfg }}
+{{- end }}
+{{- end }}
+
+{{/*
+"kubecast.rbac" ROOT: the RBAC plan as JSON: {"cluster": [[group, resource], ...],
+"namespaces": {ns: [[group, resource], ...]}}, deduplicated, in config order.
+*/}}
+{{- define "kubecast.rbac" -}}
+{{- $cluster := list }}
+{{- $ns := dict }}
+{{- range .Values.config.resources }}
+{{- $gr := list (include "kubecast.group" .api_version) .resource }}
+{{- if .namespaces }}
+{{- range .namespaces }}
+{{- $cur := get $ns . | default list }}
+{{- if not (has $gr $cur) }}{{ $_ := set $ns . (append $cur $gr) }}{{ end }}
+{{- end }}
+{{- else if not (has $gr $cluster) }}
+{{- $cluster = append $cluster $gr }}
+{{- end }}
+{{- end }}
+{{- dict "cluster" $cluster "namespaces" $ns | toJson }}
+{{- end }}
+
+{{/* "kubecast.rules" LIST-OF-[group, resource]: one read-only rule per resource. */}}
+{{- define "kubecast.rules" -}}
+rules:
+{{- range . }}
+  - apiGroups: [{{ index . 0 | quote }}]
+    resources: [{{ index . 1 | quote }}]
+    verbs: ["get", "list", "watch"]
+{{- end }}
+{{- end }}
+
+{{/*
+The kubecast container (a list item), for this chart's Deployment and for sidecar use:
+  containers:
+    {{- include "kubecast.container" .Subcharts.kubecast | nindent 4 }}
+*/}}
+{{- define "kubecast.container" -}}
+- name: kubecast
+  image: {{ include "kubecast.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["run", "--config", "{{ include "kubecast.configDir" . }}/kubecast.toml"]
+  env:
+    - name: KUBECAST_LOG_FORMAT
+      value: {{ .Values.logFormat | quote }}
+    - name: RUST_LOG
+      value: {{ .Values.logLevel | quote }}
+    # Pinned by the chart (also over config.raw): the checkpoint volume and the probes' port.
+    - name: KUBECAST_CHECKPOINT__DIR
+      value: {{ include "kubecast.checkpointDir" . | quote }}
+    - name: KUBECAST_ADMIN__LISTEN
+      value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
+    {{- range .Values.secretEnv }}
+    - name: {{ .name }}
+      valueFrom:
+        secretKeyRef:
+          name: {{ .secretName }}
+          key: {{ .key }}
+          {{- if hasKey . "optional" }}
+          optional: {{ .optional }}
+          {{- end }}
+    {{- end }}
+    {{- with .Values.extraEnv }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: admin
+      containerPort: {{ .Values.admin.port }}
+      protocol: TCP
+  {{- with .Values.livenessProbe }}
+  livenessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.readinessProbe }}
+  readinessProbe:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.securityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: kubecast-config
+      mountPath: {{ include "kubecast.configDir" . }}
+      readOnly: true
+    - name: kubecast-state
+      mountPath: {{ include "kubecast.checkpointDir" . }}
+    - name: kubecast-tmp
+      mountPath: /tmp
+    {{- range .Values.secretMounts }}
+    - name: {{ .name }}
+      mountPath: {{ .mountPath }}
+      readOnly: true
+    {{- end }}
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end }}
+
+{{/* The volumes of the kubecast container (list items), for the Deployment and sidecar use. */}}
+{{- define "kubecast.volumes" -}}
+- name: kubecast-config
+  configMap:
+    name: {{ include "kubecast.fullname" . }}
+- name: kubecast-state
+  {{- if .Values.persistence.enabled }}
+  persistentVolumeClaim:
+    claimName: {{ .Values.persistence.existingClaim | default (include "kubecast.fullname" .) }}
+  {{- else if .Values.persistence.emptyDirSizeLimit }}
+  emptyDir:
+    sizeLimit: {{ .Values.persistence.emptyDirSizeLimit }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+- name: kubecast-tmp
+  emptyDir:
+    sizeLimit: 16Mi
+{{- range .Values.secretMounts }}
+- name: {{ .name }}
+  secret:
+    secretName: {{ .secretName }}
+    defaultMode: {{ .defaultMode | default 0444 }}
+    {{- with .items }}
+    items:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+{{- end }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
