@@ -133,6 +133,42 @@ fn digest<'a>(v: &'a Value, skip: &[FieldPath], path: &mut Vec<&'a str>) -> Opti
     Some(h.finish())
 }
 
+/// [`hash_skipping`] for an object given as text: top-level values that no skip path reaches
+/// into are hashed as text (the apiserver writes the same content as the same text), only
+/// those a path reaches into are decoded. Equal for equal content under one `skip`.
+pub fn text_hash(text: &str, skip: &[FieldPath]) -> u64 {
+    let Ok(entries) = entries(text) else {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        h.write(text.as_bytes());
+        return h.finish();
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for (k, raw) in entries {
+        let key: &str = &k;
+        if skipped(&[key], skip) {
+            continue;
+        }
+        let reaches_into = skip.iter().any(|p| p.0.len() > 1 && segment_matches(&p.0[0], key));
+        let d = if reaches_into {
+            match serde_json::from_str::<Value>(raw.get()) {
+                Ok(v) => match digest(&v, skip, &mut vec![key]) {
+                    Some(d) => d,
+                    None => continue, // emptied by the skipping: as if absent
+                },
+                Err(_) => 0,
+            }
+        } else {
+            let mut e = std::collections::hash_map::DefaultHasher::new();
+            e.write(raw.get().as_bytes());
+            e.finish()
+        };
+        h.write(key.as_bytes());
+        h.write_u8(0xfe);
+        h.write_u64(d);
+    }
+    h.finish()
+}
+
 /// The value of top-level `key` of the object `text`, as a slice of `text`, found without
 /// decoding the other values (and without reading past it).
 pub fn top_level<'t>(text: &'t str, key: &str) -> Option<&'t RawValue> {
@@ -170,6 +206,52 @@ impl<'t> Visitor<'t> for FindKey<'_, '_, 't> {
             map.next_value::<IgnoredAny>()?;
         }
         Ok(())
+    }
+}
+
+/// The entries of the object `text` whose keys are in `keys`, values undecoded; the parse
+/// stops once it has them all (the rest of the text is not read).
+pub fn select<'t>(text: &'t str, keys: &[String]) -> Result<Vec<(Cow<'t, str>, &'t RawValue)>, serde_json::Error> {
+    struct Select<'k, 'o, 't> {
+        keys: &'k [String],
+        out: &'o mut Vec<(Cow<'t, str>, &'t RawValue)>,
+    }
+    impl<'t> DeserializeSeed<'t> for Select<'_, '_, 't> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'t>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+    impl<'t> Visitor<'t> for Select<'_, '_, 't> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("an object")
+        }
+        fn visit_map<A: MapAccess<'t>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(k) = map.next_key::<Cow<'t, str>>()? {
+                if self.keys.iter().any(|w| *w == k) {
+                    let v = map.next_value::<&'t RawValue>()?;
+                    self.out.push((k, v));
+                    if self.out.len() == self.keys.len() {
+                        return Err(de::Error::custom(ALL_FOUND));
+                    }
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(())
+        }
+    }
+    const ALL_FOUND: &str = "kubecast: all selected keys found";
+    let mut out = Vec::new();
+    if keys.is_empty() {
+        return Ok(out);
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    match (Select { keys, out: &mut out }).deserialize(&mut de) {
+        Ok(()) => Ok(out),
+        Err(e) if e.to_string().starts_with(ALL_FOUND) => Ok(out),
+        Err(e) => Err(e),
     }
 }
 
@@ -227,6 +309,16 @@ mod tests {
     }
 
     #[test]
+    fn select_stops_early_and_finds_what_exists() {
+        let text = r#"{"a":1,"metadata":{"x":"}"},"spec":{"b":2},"bad": nonsense"#;
+        let got = select(text, &["metadata".into()]).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].1.get(), r#"{"x":"}"}"#);
+        let got = select(r#"{"a":1,"spec":{}}"#, &["metadata".into(), "spec".into()]).unwrap();
+        assert_eq!(got.len(), 1, "absent keys are absent");
+    }
+
+    #[test]
     fn entries_round_trip() {
         let text = r#"{"a":1,"b":{"c":[1,2]},"d\"e":"x"}"#;
         let e = entries(text).unwrap();
@@ -270,6 +362,9 @@ mod tests {
             hash_skipping(&with_skipped, &skip2),
             "an emptied object counts as absent"
         );
+        let t = |v: &Value| text_hash(&serde_json::to_string(v).unwrap(), &skip2);
+        assert_eq!(t(&a), t(&with_skipped), "text hash: same rules");
+        assert_ne!(t(&a), t(&c));
         assert!(FieldPath::parse("a..b").is_err());
         assert!(FieldPath::parse("").is_err());
     }

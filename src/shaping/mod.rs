@@ -183,12 +183,12 @@ impl Shaper {
         self.ignore_status_only || self.keep_previous
     }
 
+    /// Whether the whole object must be decoded (else shaping works on its text).
     fn needs_value(&self) -> bool {
-        self.filter.is_some()
-            || self.redact_secret_data
+        self.redact_secret_data
             || self.is_secret
             || !self.redact.is_empty()
-            || self.keeps_state()
+            || self.keep_previous
             || self.payload != PayloadMode::Full
     }
 
@@ -196,16 +196,7 @@ impl Shaper {
     /// `wanted`: whether `events` lists its verb (state is kept either way).
     pub fn apply(&mut self, verb: Verb, uid: &str, wanted: bool, event: &mut CloudEvent) -> Result<(), Dropped> {
         if !self.needs_value() {
-            if !wanted {
-                return Err(Dropped::Verb);
-            }
-            if !self.keep_managed_fields {
-                if let Some(data) = strip_noise(&event.data) {
-                    event.data = data.into();
-                }
-            }
-            self.cap(event, None);
-            return Ok(());
+            return self.apply_on_text(verb, uid, wanted, event);
         }
         let mut v: Value = match serde_json::from_slice(&event.data) {
             Ok(v) => v,
@@ -280,20 +271,8 @@ impl Shaper {
             return Err(Dropped::StatusOnly);
         }
         if let Some(f) = &self.filter {
-            match f.eval(&v, old.as_ref(), verb.as_str()) {
-                Ok(true) => {}
-                Ok(false) => return Err(Dropped::Filter),
-                Err(e) => {
-                    self.filter_errors += 1;
-                    warn!(
-                        resource = %self.describe, event_id = event.id(), filter = f.source(), error = %e,
-                        rule = ?self.filter_error, "filter failed on this object; handled by filter_error"
-                    );
-                    if self.filter_error == FilterErrorRule::Drop {
-                        return Err(Dropped::Filter);
-                    }
-                }
-            }
+            let result = f.eval(&v, old.as_ref(), verb.as_str());
+            self.filtered(result, event.id())?;
         }
         let fallback = (self.max_event_bytes > 0).then(|| metadata_only(&v));
         let (data, mode) = match (self.payload, verb, old) {
@@ -313,6 +292,71 @@ impl Shaper {
         }
         self.cap(event, fallback);
         Ok(())
+    }
+
+    /// The text path: the default removals, change detection and the filter without decoding
+    /// more of the object than they read.
+    fn apply_on_text(&mut self, verb: Verb, uid: &str, wanted: bool, event: &mut CloudEvent) -> Result<(), Dropped> {
+        if !wanted && !self.ignore_status_only {
+            return Err(Dropped::Verb);
+        }
+        if !self.keep_managed_fields {
+            if let Some(data) = strip_noise(&event.data) {
+                event.data = data.into();
+            }
+        }
+        let Ok(text) = std::str::from_utf8(&event.data) else {
+            error!(resource = %self.describe, event_id = event.id(), "object is not UTF-8 JSON; event dropped");
+            return Err(Dropped::Unreadable);
+        };
+        let mut unchanged = false;
+        if self.ignore_status_only {
+            let key = uid_key(uid);
+            match verb {
+                Verb::Deleted => {
+                    self.hashes.remove(&key);
+                }
+                Verb::Added => {
+                    self.hashes.insert(key, json::text_hash(text, &self.skip));
+                }
+                Verb::Modified => {
+                    let h = json::text_hash(text, &self.skip);
+                    unchanged = self.hashes.insert(key, h) == Some(h);
+                }
+            }
+        }
+        if !wanted {
+            return Err(Dropped::Verb);
+        }
+        if unchanged && verb == Verb::Modified {
+            return Err(Dropped::StatusOnly);
+        }
+        if let Some(f) = &self.filter {
+            let result = f.eval_text(text, verb.as_str());
+            self.filtered(result, event.id())?;
+        }
+        self.cap(event, None);
+        Ok(())
+    }
+
+    /// The filter's verdict, with the run-time error rule.
+    fn filtered(&mut self, result: Result<bool, filter::EvalError>, event_id: &str) -> Result<(), Dropped> {
+        match result {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Dropped::Filter),
+            Err(e) => {
+                self.filter_errors += 1;
+                let source = self.filter.as_ref().map_or("", |f| f.source());
+                warn!(
+                    resource = %self.describe, event_id, filter = source, error = %e,
+                    rule = ?self.filter_error, "filter failed on this object; handled by filter_error"
+                );
+                match self.filter_error {
+                    FilterErrorRule::Drop => Err(Dropped::Filter),
+                    FilterErrorRule::Deliver => Ok(()),
+                }
+            }
+        }
     }
 
     /// `max_event_bytes`: an event whose structured form is larger falls back to the metadata
