@@ -144,6 +144,11 @@ impl StreamCheckpoint {
     pub fn committed(&self) -> Checkpoint {
         self.watermark.lock().expect("watermark lock").committed().clone()
     }
+
+    /// How many items (from the stream's start in this process) are acknowledged in order.
+    pub fn acked_items(&self) -> u64 {
+        self.watermark.lock().expect("watermark lock").next
+    }
 }
 
 #[cfg(test)]

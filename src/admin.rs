@@ -1,4 +1,4 @@
-//! The admin HTTP server (`[admin] listen`): `/livez` (and `/healthz`), `/readyz`.
+//! The admin HTTP server (`[admin] listen`): `/livez` (and `/healthz`), `/readyz`, `/metrics`.
 //!
 //! Ready means: every stream finished its initial list (or resumed from its checkpoint) and
 //! the sink's broker is reachable. `/readyz` answers 503 with one line per reason otherwise
@@ -116,12 +116,20 @@ pub async fn serve(
         .route("/livez", get(live))
         .route("/healthz", get(live))
         .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
         .with_state(health);
     info!(%addr, "admin server listening on {addr}");
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).with_graceful_shutdown(cancel.cancelled_owned()).await;
     });
     Ok(Some(addr))
+}
+
+/// Prometheus / OpenMetrics text exposition of [`crate::metrics`].
+async fn metrics(State(health): State<Arc<Health>>) -> ([(axum::http::header::HeaderName, &'static str); 1], String) {
+    let m = crate::metrics::get();
+    m.sink_connected.set(i64::from(health.sink_connected.load(Ordering::Relaxed)));
+    ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.encode())
 }
 
 async fn live() -> &'static str {

@@ -8,6 +8,7 @@ pub mod config;
 pub mod delivery;
 pub mod event;
 pub mod kubeapi;
+pub mod metrics;
 pub mod object;
 pub mod pipeline;
 pub mod reflector;

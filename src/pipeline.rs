@@ -38,6 +38,7 @@ use crate::delivery::dead_letter::DeadLetter;
 use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
 use crate::delivery::retry::RetryPolicy;
 use crate::kubeapi::{self, ClientError};
+use crate::metrics::{StreamMetrics, verb_index};
 use crate::reflector::{Item, Reflector, ReflectorError, StreamSpec};
 use crate::shaping::Shaper;
 use crate::sink::template::{Fields, Template};
@@ -67,6 +68,7 @@ struct Stream {
     resource: Arc<ResourceConfig>,
     /// Index of its `[[resources]]` entry (and of its shaper).
     resource_index: usize,
+    metrics: Arc<StreamMetrics>,
     route: Option<Arc<Template>>,
     limiter: Option<Limiter>,
 }
@@ -122,9 +124,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 health: health.clone(),
             };
             reflectors.push(Reflector::new(spec, loaded, tx.clone()));
+            let metrics = Arc::new(StreamMetrics::new(group, &rc.kind, &names[streams.len()]));
             streams.push(Stream {
                 resource: rc.clone(),
                 resource_index,
+                metrics,
                 route: route.clone(),
                 limiter: limiter.clone(),
             });
@@ -144,8 +148,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     info!(streams = streams.len(), sink = %config.sink.kind, "kubecast running");
 
+    let stream_metrics: Vec<Arc<StreamMetrics>> = streams.iter().map(|s| s.metrics.clone()).collect();
     let persister = tokio::spawn(persist_periodically(
         checkpoints.clone(),
+        stream_metrics.clone(),
         Duration::from_millis(config.checkpoint.flush_interval_ms),
         cancel.clone(),
     ));
@@ -162,6 +168,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         max_in_flight: d.max_in_flight,
         capacity: d.queue_capacity,
         checkpoints: checkpoints.clone(),
+        metrics: stream_metrics,
     };
     let mut queue_task = tokio::spawn(async move { queue.run(jobs_rx).await });
 
@@ -366,9 +373,14 @@ async fn shape_all(
 fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) -> Job {
     let stream = &streams[item.stream];
     let shaper = &mut shapers[stream.resource_index];
+    let m = &stream.metrics;
+    m.read.store(item.seq + 1, std::sync::atomic::Ordering::Relaxed);
+    let verb = item.change.as_ref().map_or(crate::config::Verb::Added, |c| c.verb);
     let msg = item.change.and_then(|change| {
+        m.observed[verb_index(change.verb)].inc();
         let wanted = stream.resource.wants(change.verb);
         if !wanted && !shaper.keeps_state() {
+            m.filtered(change.verb, "verb");
             return None;
         }
         let verb = change.verb;
@@ -386,7 +398,10 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) 
         match change.into_cloudevent() {
             Ok(mut event) => {
                 // Not sent (filtered out, status only...): acknowledged with the job.
-                shaper.apply(verb, &key, wanted, &mut event).ok()?;
+                if let Err(why) = shaper.apply(verb, &key, wanted, &mut event) {
+                    m.filtered(verb, why.as_str());
+                    return None;
+                }
                 Some(Outbound { event, key, fields, route: stream.route.clone() })
             }
             // Cannot happen with objects from a real apiserver (they all have uid and
@@ -397,23 +412,37 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) 
             }
         }
     });
-    Job { stream: item.stream, seq: item.seq, effect: item.effect, msg, limiter: stream.limiter.clone() }
+    Job { stream: item.stream, seq: item.seq, effect: item.effect, msg, limiter: stream.limiter.clone(), verb }
 }
 
-async fn persist_periodically(checkpoints: Vec<Arc<StreamCheckpoint>>, every: Duration, cancel: CancellationToken) {
+async fn persist_periodically(
+    checkpoints: Vec<Arc<StreamCheckpoint>>,
+    metrics: Vec<Arc<StreamMetrics>>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // When each checkpoint was last known to be on disk as it is in memory.
+    let mut current_at = vec![std::time::Instant::now(); checkpoints.len()];
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
-        for cp in &checkpoints {
-            let cp = cp.clone();
+        for (i, cp) in checkpoints.iter().enumerate() {
+            let cp2 = cp.clone();
             // File I/O off the async workers.
-            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || cp.persist_if_dirty()).await {
-                error!(error = %e, "checkpoint not written; retrying at the next interval");
+            match tokio::task::spawn_blocking(move || cp2.persist_if_dirty()).await {
+                Ok(Ok(_)) => current_at[i] = std::time::Instant::now(),
+                Ok(Err(e)) => error!(error = %e, "checkpoint not written; retrying at the next interval"),
+                Err(_) => {}
             }
+            let m = &metrics[i];
+            let g = crate::metrics::get();
+            g.checkpoint_age.get_or_create(&m.stream).set(current_at[i].elapsed().as_secs_f64());
+            let lag = m.read.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(cp.acked_items());
+            g.checkpoint_lag.get_or_create(&m.stream).set(i64::try_from(lag).unwrap_or(i64::MAX));
         }
     }
 }

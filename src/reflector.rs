@@ -45,6 +45,7 @@
 //! returns an error): the resource is forbidden (403) on the first list, or is missing with
 //! `missing_kind = "fail"`, or `namespaces` is set for a cluster-scoped kind.
 
+use prometheus_client::metrics::counter::Counter;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -152,7 +153,20 @@ pub struct Reflector {
     seq: u64,
     backoff: ExponentialBackoff,
     tx: mpsc::Sender<Item>,
+    metrics: ReflectorMetrics,
 }
+
+/// The stream's counters (`src/metrics.rs`), resolved once.
+struct ReflectorMetrics {
+    relists: Counter,
+    gone: Counter,
+    resync_events: Counter,
+    watch_restarts: Counter,
+    watched_once: bool,
+}
+
+/// How often a long list logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// The progress of one list (paginated or streaming) being diffed against the index.
 struct ListDiff {
@@ -162,6 +176,9 @@ struct ListDiff {
     /// Uids the list contained so far.
     seen: HashSet<String>,
     emitted: usize,
+    started: Instant,
+    /// When progress was last logged.
+    reported: Instant,
 }
 
 /// The receiver is gone: the pipeline is shutting down.
@@ -170,6 +187,7 @@ struct Closed;
 impl Reflector {
     pub fn new(spec: StreamSpec, start: Option<Checkpoint>, tx: mpsc::Sender<Item>) -> Self {
         let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
+        let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
         let (resume, index) = match start {
             Some(cp) => (cp.resource_version, cp.objects),
@@ -186,6 +204,17 @@ impl Reflector {
             seq: 0,
             backoff: new_backoff(),
             tx,
+            metrics: {
+                let m = crate::metrics::get();
+                let name = &spec_name;
+                ReflectorMetrics {
+                    relists: crate::metrics::stream_counter(&m.relists, name),
+                    gone: crate::metrics::stream_counter(&m.gone, name),
+                    resync_events: crate::metrics::stream_counter(&m.resync_events, name),
+                    watch_restarts: crate::metrics::stream_counter(&m.watch_restarts, name),
+                    watched_once: false,
+                }
+            },
         }
     }
 
@@ -285,6 +314,9 @@ impl Reflector {
     }
 
     async fn emit(&mut self, effect: Effect, change: Option<Change>) -> Result<(), Closed> {
+        if change.as_ref().is_some_and(|c| c.origin == Origin::Resync) {
+            self.metrics.resync_events.inc();
+        }
         let item = Item { stream: self.spec.id, seq: self.seq, effect, change };
         self.seq += 1;
         self.tx.send(item).await.map_err(|_| Closed)
@@ -301,7 +333,12 @@ impl Reflector {
             silent: !self.listed_once && self.spec.initial == Initial::Now,
             seen: HashSet::new(),
             emitted: 0,
+            started,
+            reported: started,
         };
+        if self.listed_once {
+            self.metrics.relists.inc();
+        }
         if self.streaming != Some(false) {
             return self.streaming_list(diff, started).await;
         }
@@ -323,6 +360,18 @@ impl Reflector {
             return Ok(());
         };
         diff.seen.insert(uid.clone());
+        if diff.reported.elapsed() >= PROGRESS_EVERY {
+            diff.reported = Instant::now();
+            let secs = diff.started.elapsed().as_secs_f64();
+            info!(
+                stream = %self.spec.name,
+                objects = diff.seen.len(),
+                events = diff.emitted,
+                per_second = (diff.seen.len() as f64 / secs.max(1e-3)) as u64,
+                origin = diff.origin.as_str(),
+                "listing: {} objects so far", diff.seen.len()
+            );
+        }
         let verb = match self.index.get(&uid) {
             None => Verb::Added,
             Some(old) if old.resource_version != entry.resource_version => Verb::Modified,
@@ -507,6 +556,10 @@ impl Reflector {
     }
 
     async fn watch(&mut self, rv: String) -> Result<Result<State, Closed>, ReflectorError> {
+        if self.metrics.watched_once {
+            self.metrics.watch_restarts.inc();
+        }
+        self.metrics.watched_once = true;
         let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
@@ -597,6 +650,7 @@ impl Reflector {
     }
 
     fn relist_after_gone(&self, rv: &str) -> State {
+        self.metrics.gone.inc();
         info!(stream = %self.spec.name, resource_version = rv, "resourceVersion no longer available (410 Gone); relisting and diffing");
         State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } }
     }

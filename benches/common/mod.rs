@@ -136,6 +136,7 @@ pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f
         max_in_flight: cfg.max_in_flight,
         capacity: cfg.queue_capacity,
         checkpoints: vec![Arc::new(checkpoint)],
+        metrics: vec![Arc::new(kubecast::metrics::StreamMetrics::new("", "Pod", "bench"))],
     };
     let source = Arc::new(EventSource::new("bench", ar));
     let recording = recording.to_vec();
@@ -169,6 +170,7 @@ pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f
                 effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
                 msg: Some(Outbound { event, key: uid, fields, route: None }),
                 limiter: None,
+                verb: Verb::Modified,
             };
             if tx.send(job).await.is_err() {
                 return;

@@ -21,6 +21,8 @@ use tracing::warn;
 use super::dead_letter::{DeadLetter, Undeliverable};
 use super::retry::RetryPolicy;
 use crate::ack::{Effect, StreamCheckpoint};
+use crate::config::Verb;
+use crate::metrics::{StreamMetrics, verb_index};
 use crate::sink::{Outbound, SendError, Sink};
 
 pub type Limiter = Arc<DefaultDirectRateLimiter>;
@@ -34,6 +36,8 @@ pub struct Job {
     pub msg: Option<Outbound>,
     /// The resource's own rate limit, if it has one (in addition to the shared one).
     pub limiter: Option<Limiter>,
+    /// The change's verb (metrics labels).
+    pub verb: Verb,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +56,8 @@ pub struct Queue {
     pub max_in_flight: usize,
     pub capacity: usize,
     pub checkpoints: Vec<Arc<StreamCheckpoint>>,
+    /// Per stream, as `checkpoints`.
+    pub metrics: Vec<Arc<StreamMetrics>>,
 }
 
 type InFlight = Pin<Box<dyn Future<Output = (String, Job, Result<(), DeliveryError>)> + Send>>;
@@ -72,6 +78,9 @@ impl Queue {
                 let job = per_key.get_mut(&key).and_then(VecDeque::pop_front).expect("a ready key has a job");
                 in_flight.push(Box::pin(self.deliver(key, job)));
             }
+            let g = crate::metrics::get();
+            g.queue_depth.set(held as i64);
+            g.in_flight.set(in_flight.len() as i64);
             if !input_open && held == 0 {
                 return Ok(());
             }
@@ -108,6 +117,9 @@ impl Queue {
     }
 
     fn ack(&self, job: Job) {
+        if job.msg.is_some() {
+            self.metrics[job.stream].acked[verb_index(job.verb)].inc();
+        }
         self.checkpoints[job.stream].ack(job.seq, job.effect);
     }
 
@@ -118,6 +130,7 @@ impl Queue {
     ) -> impl Future<Output = (String, Job, Result<(), DeliveryError>)> + Send + 'static {
         let (sink, limiter, retry, dead_letter) =
             (self.sink.clone(), self.limiter.clone(), self.retry, self.dead_letter.clone());
+        let metrics = self.metrics[job.stream].clone();
         async move {
             let result = send_with_retries(
                 &sink,
@@ -126,6 +139,7 @@ impl Queue {
                 retry,
                 &dead_letter,
                 job.msg.as_ref().expect("only jobs with events are sent"),
+                (&metrics, verb_index(job.verb)),
             )
             .await;
             (key, job, result)
@@ -141,6 +155,7 @@ async fn send_with_retries(
     retry: RetryPolicy,
     dead_letter: &DeadLetter,
     msg: &Outbound,
+    (metrics, verb): (&StreamMetrics, usize),
 ) -> Result<(), DeliveryError> {
     let mut backoff = retry.backoff();
     let mut attempt = 0u32;
@@ -152,15 +167,28 @@ async fn send_with_retries(
             l.until_ready().await;
         }
         attempt += 1;
+        let started = std::time::Instant::now();
+        let dead = || metrics.dead_lettered[verb].inc();
         match sink.send(msg).await {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
+                metrics.published[verb].inc();
+                return Ok(());
+            }
             Err(SendError::Fatal(reason)) => return Err(DeliveryError::Fatal(reason)),
-            Err(SendError::Permanent(reason)) => return Ok(dead_letter.put(sink, msg, &reason).await?),
+            Err(SendError::Permanent(reason)) => {
+                dead_letter.put(sink, msg, &reason).await?;
+                dead();
+                return Ok(());
+            }
             Err(SendError::Retriable(reason)) if !retry.may_retry(attempt) => {
                 let reason = format!("gave up after {attempt} attempts: {reason}");
-                return Ok(dead_letter.put(sink, msg, &reason).await?);
+                dead_letter.put(sink, msg, &reason).await?;
+                dead();
+                return Ok(());
             }
             Err(SendError::Retriable(reason)) => {
+                metrics.retries.inc();
                 if attempt == 1 || attempt % 10 == 0 {
                     warn!(event_id = %msg.event.id(), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }

@@ -85,6 +85,18 @@ pub enum Dropped {
     Unreadable,
 }
 
+impl Dropped {
+    /// The `reason` label of `kubecast_events_filtered_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dropped::Verb => "verb",
+            Dropped::StatusOnly => "status_only",
+            Dropped::Filter => "filter",
+            Dropped::Unreadable => "unreadable",
+        }
+    }
+}
+
 /// The shaping of one `[[resources]]` entry, with its per-object state.
 pub struct Shaper {
     filter: Option<Filter>,
@@ -103,8 +115,8 @@ pub struct Shaper {
     /// uid -> the shaped object's JSON (`keep_previous`).
     previous: HashMap<String, Box<[u8]>>,
     describe: String,
-    /// Run-time filter errors since start.
-    pub filter_errors: u64,
+    /// Run-time filter errors (`kubecast_filter_errors_total`).
+    filter_errors: prometheus_client::metrics::counter::Counter,
 }
 
 /// Problems with a resource's shaping options: `(key, message, fix)`.
@@ -174,7 +186,10 @@ impl Shaper {
             hashes: HashMap::new(),
             previous: HashMap::new(),
             describe: r.describe(),
-            filter_errors: 0,
+            filter_errors: crate::metrics::get()
+                .filter_errors
+                .get_or_create(&crate::metrics::resource(group, &r.kind))
+                .clone(),
         }
     }
 
@@ -345,7 +360,7 @@ impl Shaper {
             Ok(true) => Ok(()),
             Ok(false) => Err(Dropped::Filter),
             Err(e) => {
-                self.filter_errors += 1;
+                self.filter_errors.inc();
                 let source = self.filter.as_ref().map_or("", |f| f.source());
                 warn!(
                     resource = %self.describe, event_id, filter = source, error = %e,

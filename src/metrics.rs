@@ -1,0 +1,249 @@
+//! Prometheus metrics (`/metrics` on the admin server, prometheus-client text format). Names
+//! have the `kubecast_` prefix and base units; counters end in `_total`. Labels are bounded by
+//! the configuration: `group` + `kind` (one per `[[resources]]` entry), `verb` (3 values),
+//! `stream` (one per resource and namespace), `reason` (a fixed set).
+//!
+//! One process-wide set, reached with [`get`], so that each stage records what it sees next to
+//! where it happens.
+
+use std::sync::OnceLock;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceVerb {
+    pub group: String,
+    pub kind: String,
+    pub verb: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Filtered {
+    pub group: String,
+    pub kind: String,
+    pub verb: &'static str,
+    /// `verb` (not in `events`), `filter` (CEL false or error with `filter_error = "drop"`),
+    /// `status_only`, `unreadable`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Resource {
+    pub group: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Stream {
+    /// e.g. `v1 ConfigMap in namespace shop`, `apps/v1 Deployment (cluster-wide)`.
+    pub stream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Build {
+    pub version: &'static str,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub events_observed: Family<ResourceVerb, Counter>,
+    pub events_filtered: Family<Filtered, Counter>,
+    pub events_published: Family<ResourceVerb, Counter>,
+    pub events_acked: Family<ResourceVerb, Counter>,
+    pub events_dead_lettered: Family<ResourceVerb, Counter>,
+    pub filter_errors: Family<Resource, Counter>,
+    pub retries: Family<Resource, Counter>,
+    pub queue_depth: Gauge,
+    pub in_flight: Gauge,
+    pub publish_latency: Histogram,
+    pub checkpoint_age: Family<Stream, Gauge<f64, AtomicU64>>,
+    pub checkpoint_lag: Family<Stream, Gauge>,
+    pub relists: Family<Stream, Counter>,
+    pub gone: Family<Stream, Counter>,
+    pub resync_events: Family<Stream, Counter>,
+    pub watch_restarts: Family<Stream, Counter>,
+    pub sink_connected: Gauge,
+    pub build_info: Family<Build, Gauge>,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("kubecast");
+        let m = Metrics {
+            registry: Registry::default(),
+            events_observed: Family::default(),
+            events_filtered: Family::default(),
+            events_published: Family::default(),
+            events_acked: Family::default(),
+            events_dead_lettered: Family::default(),
+            filter_errors: Family::default(),
+            retries: Family::default(),
+            queue_depth: Gauge::default(),
+            in_flight: Gauge::default(),
+            publish_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            checkpoint_age: Family::default(),
+            checkpoint_lag: Family::default(),
+            relists: Family::default(),
+            gone: Family::default(),
+            resync_events: Family::default(),
+            watch_restarts: Family::default(),
+            sink_connected: Gauge::default(),
+            build_info: Family::default(),
+        };
+        let r = &mut registry;
+        r.register("events_observed", "Changes read from the watches and lists", m.events_observed.clone());
+        r.register(
+            "events_filtered",
+            "Changes not sent (events verbs, CEL filter, status-only, unreadable); acknowledged all the same",
+            m.events_filtered.clone(),
+        );
+        r.register("events_published", "Events the sink accepted (broker acknowledgement)", m.events_published.clone());
+        r.register(
+            "events_acked",
+            "Events acknowledged to their stream's checkpoint (published or dead-lettered)",
+            m.events_acked.clone(),
+        );
+        r.register("events_dead_lettered", "Events written to the dead letter", m.events_dead_lettered.clone());
+        r.register("filter_errors", "CEL filter evaluations that failed at run time", m.filter_errors.clone());
+        r.register("retries", "Send attempts retried after a retriable failure", m.retries.clone());
+        r.register("queue_depth", "Events held by the outbound queue (waiting or in flight)", m.queue_depth.clone());
+        r.register("in_flight", "Events sent and not yet acknowledged by the sink", m.in_flight.clone());
+        r.register_with_unit(
+            "publish_latency",
+            "Time from a send attempt to the sink's acknowledgement",
+            Unit::Seconds,
+            m.publish_latency.clone(),
+        );
+        r.register_with_unit(
+            "checkpoint_age",
+            "Time since the stream's checkpoint was last written",
+            Unit::Seconds,
+            m.checkpoint_age.clone(),
+        );
+        r.register(
+            "checkpoint_lag",
+            "Items of the stream read but not yet acknowledged (what a crash would re-send)",
+            m.checkpoint_lag.clone(),
+        );
+        r.register(
+            "relists",
+            "Lists after the first one (410 Gone, restarts without a usable checkpoint)",
+            m.relists.clone(),
+        );
+        r.register("gone", "410 Gone answers (resourceVersion expired)", m.gone.clone());
+        r.register("resync_events", "Events derived from a relist-diff (origin = resync)", m.resync_events.clone());
+        r.register(
+            "watch_restarts",
+            "Watches opened again (timeout, closed or idle connection, error)",
+            m.watch_restarts.clone(),
+        );
+        r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
+        r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());
+        m.build_info.get_or_create(&Build { version: env!("CARGO_PKG_VERSION") }).set(1);
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}
+
+/// The process-wide metrics.
+pub fn get() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
+}
+
+/// One stream's counters, resolved once (no label lookup per event). Indexed by verb:
+/// added, modified, deleted.
+pub struct StreamMetrics {
+    pub resource: Resource,
+    pub stream: Stream,
+    pub observed: [Counter; 3],
+    pub published: [Counter; 3],
+    pub acked: [Counter; 3],
+    pub dead_lettered: [Counter; 3],
+    pub retries: Counter,
+    /// Items the reflector emitted (for the checkpoint lag).
+    pub read: AtomicU64,
+}
+
+impl StreamMetrics {
+    pub fn new(group: &str, kind: &str, stream: &str) -> Self {
+        let m = get();
+        let per_verb = |f: &Family<ResourceVerb, Counter>| {
+            crate::config::Verb::ALL.map(|v| f.get_or_create(&resource_verb(group, kind, v.as_str())).clone())
+        };
+        Self {
+            resource: resource(group, kind),
+            stream: Stream { stream: stream.to_string() },
+            observed: per_verb(&m.events_observed),
+            published: per_verb(&m.events_published),
+            acked: per_verb(&m.events_acked),
+            dead_lettered: per_verb(&m.events_dead_lettered),
+            retries: m.retries.get_or_create(&resource(group, kind)).clone(),
+            read: AtomicU64::new(0),
+        }
+    }
+
+    /// A change not sent, and why.
+    pub fn filtered(&self, verb: crate::config::Verb, reason: &'static str) {
+        let key = Filtered {
+            group: self.resource.group.clone(),
+            kind: self.resource.kind.clone(),
+            verb: verb.as_str(),
+            reason,
+        };
+        get().events_filtered.get_or_create(&key).inc();
+    }
+}
+
+pub fn verb_index(v: crate::config::Verb) -> usize {
+    match v {
+        crate::config::Verb::Added => 0,
+        crate::config::Verb::Modified => 1,
+        crate::config::Verb::Deleted => 2,
+    }
+}
+
+/// Per-stream counter of the reflector (relists, 410s, resync events, watch restarts).
+pub fn stream_counter(family: &Family<Stream, Counter>, stream: &str) -> Counter {
+    family.get_or_create(&Stream { stream: stream.to_string() }).clone()
+}
+
+/// Labels of a resource from its `api_version` / group.
+pub fn resource(group: &str, kind: &str) -> Resource {
+    Resource { group: if group.is_empty() { "core".into() } else { group.to_string() }, kind: kind.to_string() }
+}
+
+pub fn resource_verb(group: &str, kind: &str, verb: &'static str) -> ResourceVerb {
+    let r = resource(group, kind);
+    ResourceVerb { group: r.group, kind: r.kind, verb }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn exposition_has_prefix_units_and_totals() {
+        let m = super::get();
+        m.events_observed.get_or_create(&super::resource_verb("", "ConfigMap", "added")).inc();
+        m.publish_latency.observe(0.002);
+        let text = m.encode();
+        assert!(
+            text.contains("kubecast_events_observed_total{group=\"core\",kind=\"ConfigMap\",verb=\"added\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("kubecast_publish_latency_seconds_bucket"), "{text}");
+        assert!(text.contains("kubecast_build_info{version=\""), "{text}");
+        assert!(text.contains("# TYPE kubecast_queue_depth gauge"), "{text}");
+    }
+}
