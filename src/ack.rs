@@ -32,6 +32,15 @@ pub enum Effect {
 }
 
 impl Effect {
+    /// `(uid, resourceVersion)` of a watched change (what a resumed watch would deliver again).
+    fn change_key(&self) -> Option<(String, String)> {
+        match self {
+            Effect::Watched { op: IndexOp::Upsert(uid, e), .. } => Some((uid.clone(), e.resource_version.clone())),
+            Effect::Watched { op: IndexOp::Remove(uid), rv } => Some((uid.clone(), rv.clone())),
+            _ => None,
+        }
+    }
+
     fn apply(self, cp: &mut Checkpoint) {
         let op = match self {
             Effect::Watched { op, rv } => {
@@ -83,6 +92,8 @@ impl Watermark {
         }
         if seq > self.next {
             self.ahead.insert(seq, effect);
+            // Persisted too: a restart must not send an acknowledged change again.
+            self.dirty = true;
             return;
         }
         effect.apply(&mut self.committed);
@@ -132,7 +143,8 @@ impl StreamCheckpoint {
                 return Ok(false);
             }
             wm.dirty = false;
-            self.store.encode(&self.key, &wm.committed)
+            let ahead: Vec<(String, String)> = wm.ahead.values().filter_map(Effect::change_key).collect();
+            self.store.encode(&self.key, &wm.committed, &ahead)
         };
         if let Err(e) = self.store.write(&self.key, &bytes) {
             self.watermark.lock().expect("watermark lock").dirty = true;
@@ -183,5 +195,32 @@ mod tests {
         objects.insert("a".into(), entry("20"));
         wm.ack(1, Effect::Listed { rv: "21".into(), objects });
         assert_eq!(wm.committed().resource_version.as_deref(), Some("21"));
+    }
+
+    #[test]
+    fn changes_acknowledged_ahead_are_persisted_and_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path()).unwrap();
+        let key = StreamKey {
+            cluster: "c".into(),
+            group: "".into(),
+            version: "v1".into(),
+            kind: "ConfigMap".into(),
+            namespace: None,
+            label_selector: "".into(),
+            field_selector: "".into(),
+        };
+        let (cp, _) = StreamCheckpoint::load(store.clone(), key.clone()).unwrap();
+        cp.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
+        cp.ack(2, Effect::Watched { op: IndexOp::Remove("c".into()), rv: "12".into() });
+        assert!(cp.persist_if_dirty().unwrap(), "acks ahead of a gap are worth a write");
+        let loaded = store.load(&key).unwrap().unwrap();
+        assert_eq!(loaded.resource_version, None);
+        assert_eq!(loaded.acked_ahead, vec![("b".to_string(), "11".to_string()), ("c".to_string(), "12".to_string())]);
+        cp.ack(0, Effect::Watched { op: IndexOp::Upsert("a".into(), entry("10")), rv: "10".into() });
+        cp.persist_if_dirty().unwrap();
+        let loaded = store.load(&key).unwrap().unwrap();
+        assert!(loaded.acked_ahead.is_empty(), "all in the prefix now");
+        assert_eq!(loaded.resource_version.as_deref(), Some("12"));
     }
 }

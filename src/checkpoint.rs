@@ -65,6 +65,10 @@ pub struct Checkpoint {
     /// Where to resume the watch; `None` until the first list completed and was acknowledged.
     pub resource_version: Option<String>,
     pub objects: Index,
+    /// `(uid, resourceVersion)` of changes after the resume point that were delivered and
+    /// acknowledged already, out of order (behind an event still in flight when kubecast
+    /// stopped): a resumed watch acknowledges them without sending them again.
+    pub acked_ahead: Vec<(String, String)>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -74,6 +78,9 @@ struct FileFormat {
     resource_version: Option<String>,
     /// `[uid, namespace, name, resourceVersion]`; namespace `""` for cluster-scoped objects.
     objects: Vec<(String, String, String, String)>,
+    /// `[uid, resourceVersion]` of changes acknowledged out of order (see `Checkpoint`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    acked_ahead: Vec<(String, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -144,16 +151,16 @@ impl CheckpointStore {
                 (uid, IndexEntry { namespace: (!ns.is_empty()).then_some(ns), name, resource_version: rv })
             })
             .collect();
-        Ok(Some(Checkpoint { resource_version: file.resource_version, objects }))
+        Ok(Some(Checkpoint { resource_version: file.resource_version, objects, acked_ahead: file.acked_ahead }))
     }
 
     /// Writes atomically: a crash leaves either the old or the new file, never a torn one.
     pub fn save(&self, key: &StreamKey, cp: &Checkpoint) -> Result<(), CheckpointError> {
-        self.write(key, &self.encode(key, cp))
+        self.write(key, &self.encode(key, cp, &cp.acked_ahead))
     }
 
     /// The file content for `cp` (cheap enough to do under a lock; the write is not).
-    pub fn encode(&self, key: &StreamKey, cp: &Checkpoint) -> Vec<u8> {
+    pub fn encode(&self, key: &StreamKey, cp: &Checkpoint, acked_ahead: &[(String, String)]) -> Vec<u8> {
         let file = FileFormat {
             version: FORMAT_VERSION,
             stream: key.clone(),
@@ -165,6 +172,7 @@ impl CheckpointStore {
                     (uid.clone(), e.namespace.clone().unwrap_or_default(), e.name.clone(), e.resource_version.clone())
                 })
                 .collect(),
+            acked_ahead: acked_ahead.to_vec(),
         };
         serde_json::to_vec(&file).expect("checkpoint serialises")
     }

@@ -154,6 +154,9 @@ pub struct Reflector {
     backoff: ExponentialBackoff,
     tx: mpsc::Sender<Item>,
     metrics: ReflectorMetrics,
+    /// Changes after the resume point already delivered before a restart (out of order): the
+    /// resumed watch acknowledges them without sending them again.
+    acked_ahead: HashSet<(String, String)>,
 }
 
 /// The stream's counters (`src/metrics.rs`), resolved once.
@@ -189,9 +192,9 @@ impl Reflector {
         let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
         let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
-        let (resume, index) = match start {
-            Some(cp) => (cp.resource_version, cp.objects),
-            None => (None, Index::new()),
+        let (resume, index, acked_ahead) = match start {
+            Some(cp) => (cp.resource_version, cp.objects, cp.acked_ahead.into_iter().collect()),
+            None => (None, Index::new(), HashSet::new()),
         };
         Self {
             spec,
@@ -204,6 +207,7 @@ impl Reflector {
             seq: 0,
             backoff: new_backoff(),
             tx,
+            acked_ahead,
             metrics: {
                 let m = crate::metrics::get();
                 let name = &spec_name;
@@ -339,6 +343,9 @@ impl Reflector {
         if self.listed_once {
             self.metrics.relists.inc();
         }
+        // A list diffs against the index; changes delivered before a restart are no longer
+        // replayed one by one.
+        self.acked_ahead.clear();
         if self.streaming != Some(false) {
             return self.streaming_list(diff, started).await;
         }
@@ -631,6 +638,7 @@ impl Reflector {
                 continue;
             };
             rv = entry.resource_version.clone();
+            let already_sent = !self.acked_ahead.is_empty() && self.acked_ahead.remove(&(uid.clone(), rv.clone()));
             let op = if verb == Verb::Deleted {
                 self.index.remove(&uid);
                 IndexOp::Remove(uid)
@@ -638,8 +646,11 @@ impl Reflector {
                 self.index.insert(uid.clone(), entry.clone());
                 IndexOp::Upsert(uid, entry)
             };
-            let change = self.change(verb, Origin::Watch, obj);
-            if self.emit(Effect::Watched { op, rv: rv.clone() }, Some(change)).await.is_err() {
+            let change = (!already_sent).then(|| self.change(verb, Origin::Watch, obj));
+            if already_sent {
+                debug!(stream = %self.spec.name, resource_version = %rv, "change delivered before the restart; not sent again");
+            }
+            if self.emit(Effect::Watched { op, rv: rv.clone() }, change).await.is_err() {
                 return Ok(Err(Closed));
             }
         }
