@@ -235,22 +235,7 @@ impl Shaper {
                 }
             }
         }
-        let mut unchanged = false;
-        if self.ignore_status_only {
-            let key = uid_key(uid);
-            match verb {
-                Verb::Deleted => {
-                    self.hashes.remove(&key);
-                }
-                Verb::Added => {
-                    self.hashes.insert(key, json::hash_skipping(&v, &self.skip));
-                }
-                Verb::Modified => {
-                    let h = json::hash_skipping(&v, &self.skip);
-                    unchanged = self.hashes.insert(key, h) == Some(h);
-                }
-            }
-        }
+        let unchanged = self.ignore_status_only && self.note_hash(verb, uid, |skip| json::hash_skipping(&v, skip));
         if self.redact_secret_data {
             for field in ["data", "stringData"] {
                 if let Some(m) = v.get_mut(field).and_then(Value::as_object_mut) {
@@ -324,22 +309,7 @@ impl Shaper {
             error!(resource = %self.describe, event_id = event.id(), "object is not UTF-8 JSON; event dropped");
             return Err(Dropped::Unreadable);
         };
-        let mut unchanged = false;
-        if self.ignore_status_only {
-            let key = uid_key(uid);
-            match verb {
-                Verb::Deleted => {
-                    self.hashes.remove(&key);
-                }
-                Verb::Added => {
-                    self.hashes.insert(key, json::text_hash(text, &self.skip));
-                }
-                Verb::Modified => {
-                    let h = json::text_hash(text, &self.skip);
-                    unchanged = self.hashes.insert(key, h) == Some(h);
-                }
-            }
-        }
+        let unchanged = self.ignore_status_only && self.note_hash(verb, uid, |skip| json::text_hash(text, skip));
         if !wanted {
             return Err(Dropped::Verb);
         }
@@ -352,6 +322,27 @@ impl Shaper {
         }
         self.cap(event, None);
         Ok(())
+    }
+
+    /// Records the object's content hash (`ignore_status_only`); whether a `modified` change
+    /// left it as it was.
+    fn note_hash(&mut self, verb: Verb, uid: &str, hash: impl FnOnce(&[FieldPath]) -> u64) -> bool {
+        let key = uid_key(uid);
+        match verb {
+            Verb::Deleted => {
+                self.hashes.remove(&key);
+                false
+            }
+            Verb::Added => {
+                let h = hash(&self.skip);
+                self.hashes.insert(key, h);
+                false
+            }
+            Verb::Modified => {
+                let h = hash(&self.skip);
+                self.hashes.insert(key, h) == Some(h)
+            }
+        }
     }
 
     /// The filter's verdict, with the run-time error rule.
