@@ -39,6 +39,8 @@ pub struct Config {
     #[serde(default)]
     pub admin: AdminConfig,
     #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetryConfig,
+    #[serde(default)]
     pub resources: Vec<ResourceConfig>,
 }
 
@@ -441,6 +443,9 @@ impl Config {
         }
         let is_broker = matches!(self.sink.kind, SinkType::Kafka | SinkType::Nats);
         for (key, message, fix) in self.delivery.problems(is_broker) {
+            push(key, message, &fix);
+        }
+        for (key, message, fix) in self.telemetry.problems() {
             push(key, message, &fix);
         }
         if self.resources.is_empty() {

@@ -15,3 +15,4 @@ pub mod reflector;
 pub mod selector;
 pub mod shaping;
 pub mod sink;
+pub mod telemetry;

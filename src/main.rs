@@ -33,6 +33,8 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Run { config } => {
             let cfg = Config::load(config.as_deref())?;
+            // Flushes the spans still buffered when dropped, after the pipeline stopped.
+            let _telemetry = kubecast::telemetry::init(&cfg.telemetry)?;
             let rt =
                 tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
             rt.block_on(async move {

@@ -43,6 +43,8 @@ use crate::reflector::{Item, Reflector, ReflectorError, StreamSpec};
 use crate::shaping::Shaper;
 use crate::sink::template::{Fields, Template};
 use crate::sink::{Outbound, Sink, SinkError};
+use crate::telemetry::EventTrace;
+use cloudevents::AttributesReader as _;
 
 /// Capacity of each channel between stages (reflectors -> shaping -> queue).
 const CHANNEL_CAPACITY: usize = 1024;
@@ -395,14 +397,40 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) 
             verb: verb.as_str().to_string(),
         };
         let key = change.object.metadata.uid.clone().unwrap_or_default();
+        let started = std::time::SystemTime::now();
+        let mut trace = EventTrace::start(
+            &fields.kind,
+            verb.as_str(),
+            &fields.namespace,
+            change.object.metadata.name.as_deref().unwrap_or_default(),
+        );
         match change.into_cloudevent() {
             Ok(mut event) => {
                 // Not sent (filtered out, status only...): acknowledged with the job.
-                if let Err(why) = shaper.apply(verb, &key, wanted, &mut event) {
+                let shaped = shaper.apply(verb, &key, wanted, &mut event);
+                if let Some(t) = &mut trace {
+                    t.child("shape", started, vec![]);
+                    t.annotate(vec![
+                        opentelemetry::KeyValue::new("cloudevents.event_id", event.id().to_string()),
+                        opentelemetry::KeyValue::new("cloudevents.event_type", event.attributes.ty().to_string()),
+                    ]);
+                    if shaped.is_ok() {
+                        let (parent, state) = t.w3c();
+                        event.attributes.set_extension("traceparent", parent);
+                        if let Some(state) = state {
+                            event.attributes.set_extension("tracestate", state);
+                        }
+                        t.mark_queued();
+                    }
+                }
+                if let Err(why) = shaped {
                     m.filtered(verb, why.as_str());
+                    if let Some(t) = trace {
+                        t.end(format!("filtered ({})", why.as_str()).into(), None);
+                    }
                     return None;
                 }
-                Some(Outbound { event, key, fields, route: stream.route.clone() })
+                Some(Outbound { event, key, fields, route: stream.route.clone(), trace })
             }
             // Cannot happen with objects from a real apiserver (they all have uid and
             // resourceVersion); acknowledged so the stream does not stall on it.

@@ -168,7 +168,7 @@ pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f
                 stream: 0,
                 seq: seq as u64,
                 effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
-                msg: Some(Outbound { event, key: uid, fields, route: None }),
+                msg: Some(Outbound { event, key: uid, fields, route: None, trace: None }),
                 limiter: None,
                 verb: Verb::Modified,
             };

@@ -159,12 +159,17 @@ async fn send_with_retries(
 ) -> Result<(), DeliveryError> {
     let mut backoff = retry.backoff();
     let mut attempt = 0u32;
-    loop {
+    let mut send_span = None;
+    let result = loop {
         if let Some(l) = resource_limiter {
             l.until_ready().await;
         }
         if let Some(l) = limiter {
             l.until_ready().await;
+        }
+        if let (Some(t), None) = (&msg.trace, &send_span) {
+            t.child("queue", t.queued_at(), vec![]);
+            send_span = Some(t.send_span(sink.system(), &sink.destination(msg), msg.event.id()));
         }
         attempt += 1;
         let started = std::time::Instant::now();
@@ -173,19 +178,23 @@ async fn send_with_retries(
             Ok(()) => {
                 crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
                 metrics.published[verb].inc();
-                return Ok(());
+                break Ok(None);
             }
-            Err(SendError::Fatal(reason)) => return Err(DeliveryError::Fatal(reason)),
+            Err(SendError::Fatal(reason)) => break Err(DeliveryError::Fatal(reason)),
             Err(SendError::Permanent(reason)) => {
-                dead_letter.put(sink, msg, &reason).await?;
+                if let Err(e) = dead_letter.put(sink, msg, &reason).await {
+                    break Err(e.into());
+                }
                 dead();
-                return Ok(());
+                break Ok(Some(reason));
             }
             Err(SendError::Retriable(reason)) if !retry.may_retry(attempt) => {
                 let reason = format!("gave up after {attempt} attempts: {reason}");
-                dead_letter.put(sink, msg, &reason).await?;
+                if let Err(e) = dead_letter.put(sink, msg, &reason).await {
+                    break Err(e.into());
+                }
                 dead();
-                return Ok(());
+                break Ok(Some(reason));
             }
             Err(SendError::Retriable(reason)) => {
                 metrics.retries.inc();
@@ -195,5 +204,18 @@ async fn send_with_retries(
                 tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
             }
         }
+    };
+    if let Some(t) = &msg.trace {
+        let error = match &result {
+            Ok(Some(reason)) => Some(format!("dead-lettered: {reason}")),
+            Ok(None) => None,
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(span) = send_span {
+            crate::telemetry::end_send(span, attempt.saturating_sub(1), error.clone());
+        }
+        let outcome = if matches!(result, Ok(None)) { "delivered" } else { "not delivered" };
+        t.end(outcome.into(), error);
     }
+    result.map(|_| ())
 }

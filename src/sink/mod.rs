@@ -63,6 +63,8 @@ pub struct Outbound {
     pub fields: Fields,
     /// The resource's own destination template, overriding the sink's.
     pub route: Option<Arc<Template>>,
+    /// The event's trace, when traces are on.
+    pub trace: Option<crate::telemetry::EventTrace>,
 }
 
 /// The configured sink (enum dispatch: one variant per sink type). One per process, in an Arc.
@@ -98,6 +100,16 @@ impl Sink {
             Sink::File(s) => s.write_line(&structured_line(&msg.event)?).await,
             Sink::Kafka(s) => s.send(msg).await,
             Sink::Nats(s) => s.send(msg).await,
+        }
+    }
+
+    /// `messaging.system` of traces.
+    pub fn system(&self) -> &'static str {
+        match self {
+            Sink::Stdout(_) => "stdout",
+            Sink::File(_) => "file",
+            Sink::Kafka(_) => "kafka",
+            Sink::Nats(_) => "nats",
         }
     }
 
