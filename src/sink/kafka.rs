@@ -310,7 +310,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
                 .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
             (Cow::Owned(event.to_structured()), headers)
         }
-        Mode::Binary => (Cow::Borrowed(&event.data), binary_headers(&event.attributes)),
+        Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(&event.attributes)),
     }
 }
 

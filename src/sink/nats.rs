@@ -622,7 +622,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
                 };
                 put(name, &v);
             }
-            (Bytes::copy_from_slice(&event.data), headers)
+            (event.data.clone(), headers)
         }
     }
 }
