@@ -27,16 +27,19 @@ struct Head {
     api_version: bool,
     kind: bool,
     metadata: MiniMeta,
-    /// The top-level keys seen so far (`API_VERSION | KIND | METADATA`).
+    /// The top-level keys seen so far (bit `i`: `HEAD_KEYS[i]`).
     seen: u8,
     /// Set when the parse stopped early because every wanted key was seen.
     complete: bool,
 }
 
+/// The top-level keys read, and their bits in `Head::seen`.
+const HEAD_KEYS: [&str; 3] = ["apiVersion", "kind", "metadata"];
 const API_VERSION: u8 = 1;
 const KIND: u8 = 2;
-const METADATA: u8 = 4;
-const ALL_KEYS: u8 = API_VERSION | KIND | METADATA;
+const ALL_KEYS: u8 = 7;
+/// The keys of `metadata` read.
+const META_KEYS: [&str; 4] = ["name", "namespace", "uid", "resourceVersion"];
 
 #[derive(Default)]
 struct MiniMeta {
@@ -73,23 +76,24 @@ impl<'de> Visitor<'de> for MetaSeed<'_> {
         let typed_first = head.seen & (API_VERSION | KIND) == API_VERSION | KIND;
         let m = &mut head.metadata;
         let mut seen = 0u8;
-        while let Some(key) = map.next_key::<MetaKey>()? {
-            let (bit, name, slot) = match key {
-                MetaKey::Name => (1, "name", &mut m.name),
-                MetaKey::Namespace => (2, "namespace", &mut m.namespace),
-                MetaKey::Uid => (4, "uid", &mut m.uid),
-                MetaKey::ResourceVersion => (8, "resourceVersion", &mut m.resource_version),
-                MetaKey::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
+        while let Some(key) = map.next_key_seed(KeyIn(&META_KEYS))? {
+            let Some(i) = key else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let (bit, name) = (1 << i, META_KEYS[i]);
+            let slot = match i {
+                0 => &mut m.name,
+                1 => &mut m.namespace,
+                2 => &mut m.uid,
+                _ => &mut m.resource_version,
             };
             if seen & bit != 0 {
                 return Err(A::Error::duplicate_field(name));
             }
             seen |= bit;
             *slot = map.next_value()?;
-            if typed_first && seen == 15 {
+            if typed_first && seen == (1 << META_KEYS.len()) - 1 {
                 head.complete = true;
                 return Err(A::Error::custom("head complete"));
             }
@@ -98,63 +102,26 @@ impl<'de> Visitor<'de> for MetaSeed<'_> {
     }
 }
 
-/// A key of `metadata`.
-enum MetaKey {
-    Name,
-    Namespace,
-    Uid,
-    ResourceVersion,
-    Other,
-}
+/// Reads a map key as its index in `.0` (`None`: another key). Escaped keys arrive unescaped.
+struct KeyIn(&'static [&'static str]);
 
-impl<'de> Deserialize<'de> for MetaKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = MetaKey;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<MetaKey, E> {
-                Ok(match v {
-                    "name" => MetaKey::Name,
-                    "namespace" => MetaKey::Namespace,
-                    "uid" => MetaKey::Uid,
-                    "resourceVersion" => MetaKey::ResourceVersion,
-                    _ => MetaKey::Other,
-                })
-            }
-        }
-        d.deserialize_identifier(V)
+impl<'de> DeserializeSeed<'de> for KeyIn {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_identifier(self)
     }
 }
 
-/// A top-level key of an object (escaped keys arrive unescaped).
-enum Key {
-    ApiVersion,
-    Kind,
-    Metadata,
-    Other,
-}
+impl Visitor<'_> for KeyIn {
+    type Value = Option<usize>;
 
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl Visitor<'_> for V {
-            type Value = Key;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a field name")
-            }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Key, E> {
-                Ok(match v {
-                    "apiVersion" => Key::ApiVersion,
-                    "kind" => Key::Kind,
-                    "metadata" => Key::Metadata,
-                    _ => Key::Other,
-                })
-            }
-        }
-        d.deserialize_identifier(V)
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|k| *k == v))
     }
 }
 
@@ -174,23 +141,19 @@ impl<'de> Visitor<'de> for HeadVisitor<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         let head = self.0;
-        while let Some(key) = map.next_key::<Key>()? {
-            let (bit, name) = match key {
-                Key::ApiVersion => (API_VERSION, "apiVersion"),
-                Key::Kind => (KIND, "kind"),
-                Key::Metadata => (METADATA, "metadata"),
-                Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
+        while let Some(key) = map.next_key_seed(KeyIn(&HEAD_KEYS))? {
+            let Some(i) = key else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
             };
+            let (bit, name) = (1 << i, HEAD_KEYS[i]);
             if head.seen & bit != 0 {
                 return Err(A::Error::duplicate_field(name));
             }
             head.seen |= bit;
-            match key {
-                Key::ApiVersion => head.api_version = map.next_value::<Option<IgnoredAny>>()?.is_some(),
-                Key::Kind => head.kind = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+            match i {
+                0 => head.api_version = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                1 => head.kind = map.next_value::<Option<IgnoredAny>>()?.is_some(),
                 _ => map.next_value_seed(MetaSeed(&mut *head))?,
             }
             if head.seen == ALL_KEYS {
