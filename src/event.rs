@@ -11,6 +11,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use chrono::Utc;
 use cloudevents::{AttributesWriter, Event, EventBuilder, EventBuilderV10};
 use kube::api::ApiResource;
@@ -58,11 +59,12 @@ impl Change {
 
 /// A CloudEvent ready to send: its attributes (a cloudevents-sdk [`Event`] without data, but
 /// with `datacontenttype`) and its data, the object as JSON, serialized once. Sinks use the
-/// bytes as they are (Kafka binary mode) or splice them into the structured form.
+/// bytes as they are (binary mode: Kafka borrows them, NATS shares them by reference count)
+/// or splice them into the structured form.
 #[derive(Debug, Clone)]
 pub struct CloudEvent {
     pub attributes: Event,
-    pub data: Vec<u8>,
+    pub data: Bytes,
 }
 
 impl CloudEvent {
@@ -137,7 +139,7 @@ impl EventSource {
             _ => name,
         };
         // List items come without apiVersion/kind; every payload describes itself.
-        let data = object.into_json_bytes(&self.resource);
+        let data = Bytes::from(object.into_json_bytes(&self.resource));
         let mut attributes = EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
             .source(self.source.clone())
@@ -187,5 +189,23 @@ mod tests {
         assert_eq!(json["origin"], "watch");
         assert_eq!(json["data"]["kind"], "Deployment");
         assert_eq!(json["datacontenttype"], "application/json");
+    }
+
+    #[test]
+    fn data_is_the_objects_text_without_a_copy() {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let src = Arc::new(EventSource::new("c", &ar));
+        let obj: RawObject = serde_json::from_str(
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"1"}}"#,
+        )
+        .unwrap();
+        let text = obj.raw.get().as_ptr();
+        let ev =
+            Change { verb: Verb::Added, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
+        assert_eq!(ev.data.as_ptr(), text);
+        let (payload, _) = crate::sink::nats::encode(&ev, crate::sink::nats::Mode::Binary);
+        assert_eq!(payload.as_ptr(), text, "NATS binary mode shares the bytes");
+        let (value, _) = crate::sink::kafka::encode(&ev, crate::sink::kafka::Mode::Binary);
+        assert_eq!(value.as_ptr(), text, "Kafka binary mode borrows them");
     }
 }

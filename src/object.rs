@@ -3,10 +3,11 @@
 //! apiserver sent. Nothing else is decoded or re-encoded: the event's data is that text.
 
 use std::borrow::Cow;
+use std::fmt;
 
 use kube::api::{ApiResource, ObjectMeta};
 use kube::core::DynamicResourceScope;
-use serde::de::Error as _;
+use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::value::RawValue;
 
@@ -19,30 +20,166 @@ pub struct RawObject {
     pub raw: Box<RawValue>,
 }
 
-/// The part of an object that is decoded; every other field is skipped by the parser.
-#[derive(Deserialize)]
+/// The identity fields read from the head of an object (see [`read_head`]).
+#[derive(Default)]
 struct Head {
-    #[serde(rename = "apiVersion")]
-    api_version: Option<IgnoredAny>,
-    kind: Option<IgnoredAny>,
-    #[serde(default)]
+    /// Whether `apiVersion` / `kind` are present and not null.
+    api_version: bool,
+    kind: bool,
     metadata: MiniMeta,
+    /// The top-level keys seen so far (bit `i`: `HEAD_KEYS[i]`).
+    seen: u8,
+    /// Set when the parse stopped early because every wanted key was seen.
+    complete: bool,
 }
 
-type IgnoredAny = serde::de::IgnoredAny;
+/// The top-level keys read, and their bits in `Head::seen`.
+const HEAD_KEYS: [&str; 3] = ["apiVersion", "kind", "metadata"];
+const API_VERSION: u8 = 1;
+const KIND: u8 = 2;
+const ALL_KEYS: u8 = 7;
+/// The keys of `metadata` read.
+const META_KEYS: [&str; 4] = ["name", "namespace", "uid", "resourceVersion"];
 
-#[derive(Deserialize, Default)]
+#[derive(Default)]
 struct MiniMeta {
     name: Option<String>,
     namespace: Option<String>,
     uid: Option<String>,
-    #[serde(rename = "resourceVersion")]
     resource_version: Option<String>,
+}
+
+/// Reads `metadata` into the [`Head`]. When `apiVersion` and `kind` were seen before it and
+/// name, namespace, uid and resourceVersion are all read, the head is complete there: the
+/// apiserver writes these first in `metadata` (labels, annotations, managedFields follow), so
+/// the rest is not scanned. Otherwise (a cluster-scoped object has no namespace) it reads
+/// `metadata` to its end.
+struct MetaSeed<'a>(&'a mut Head);
+
+impl<'de> DeserializeSeed<'de> for MetaSeed<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MetaSeed<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("object metadata")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let head = self.0;
+        let typed_first = head.seen & (API_VERSION | KIND) == API_VERSION | KIND;
+        let m = &mut head.metadata;
+        let mut seen = 0u8;
+        while let Some(key) = map.next_key_seed(KeyIn(&META_KEYS))? {
+            let Some(i) = key else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let (bit, name) = (1 << i, META_KEYS[i]);
+            let slot = match i {
+                0 => &mut m.name,
+                1 => &mut m.namespace,
+                2 => &mut m.uid,
+                _ => &mut m.resource_version,
+            };
+            if seen & bit != 0 {
+                return Err(A::Error::duplicate_field(name));
+            }
+            seen |= bit;
+            *slot = map.next_value()?;
+            if typed_first && seen == (1 << META_KEYS.len()) - 1 {
+                head.complete = true;
+                return Err(A::Error::custom("head complete"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a map key as its index in `.0` (`None`: another key). Escaped keys arrive unescaped.
+struct KeyIn(&'static [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for KeyIn {
+    type Value = Option<usize>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_identifier(self)
+    }
+}
+
+impl Visitor<'_> for KeyIn {
+    type Value = Option<usize>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.0.iter().position(|k| *k == v))
+    }
+}
+
+/// Reads the top-level keys of an object into the [`Head`]; once `apiVersion`, `kind` and
+/// `metadata` were all seen it stops with an error and sets `complete` (the caller treats that
+/// as success), so the rest of the object (spec, status: most of it) is not scanned a second
+/// time. The apiserver writes these three first (typed objects in Go struct order, custom
+/// resources with sorted keys); in any other order the parse just goes on until it has them.
+struct HeadVisitor<'a>(&'a mut Head);
+
+impl<'de> Visitor<'de> for HeadVisitor<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let head = self.0;
+        while let Some(key) = map.next_key_seed(KeyIn(&HEAD_KEYS))? {
+            let Some(i) = key else {
+                map.next_value::<IgnoredAny>()?;
+                continue;
+            };
+            let (bit, name) = (1 << i, HEAD_KEYS[i]);
+            if head.seen & bit != 0 {
+                return Err(A::Error::duplicate_field(name));
+            }
+            head.seen |= bit;
+            match i {
+                0 => head.api_version = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                1 => head.kind = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                _ => map.next_value_seed(MetaSeed(&mut *head))?,
+            }
+            if head.seen == ALL_KEYS {
+                head.complete = true;
+                return Err(A::Error::custom("head complete"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Decodes the [`Head`] of `text` (one JSON object).
+fn read_head(text: &str) -> Result<Head, serde_json::Error> {
+    let mut head = Head::default();
+    let mut de = serde_json::Deserializer::from_str(text);
+    match de.deserialize_map(HeadVisitor(&mut head)) {
+        Ok(()) => de.end()?,
+        Err(_) if head.complete => {}
+        Err(e) => return Err(e),
+    }
+    Ok(head)
 }
 
 impl RawObject {
     pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
-        let head: Head = serde_json::from_str(raw.get())?;
+        let head = read_head(raw.get())?;
         let m = head.metadata;
         Ok(Self {
             metadata: ObjectMeta {
@@ -52,7 +189,7 @@ impl RawObject {
                 resource_version: m.resource_version,
                 ..ObjectMeta::default()
             },
-            has_type: head.api_version.is_some() && head.kind.is_some(),
+            has_type: head.api_version && head.kind,
             raw,
         })
     }
@@ -153,6 +290,125 @@ mod tests {
             serde_json::from_slice::<serde_json::Value>(&empty.into_json_bytes(&ar)).unwrap()["kind"],
             "ConfigMap"
         );
+    }
+}
+
+#[cfg(test)]
+mod head_tests {
+    use super::*;
+
+    /// What the head parse must find, computed from the whole parsed value.
+    fn expected(text: &str) -> (Option<String>, Option<String>, Option<String>, Option<String>, bool) {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let s = |k: &str| v["metadata"][k].as_str().map(str::to_string);
+        let typed = !v["apiVersion"].is_null() && !v["kind"].is_null();
+        (s("name"), s("namespace"), s("uid"), s("resourceVersion"), typed)
+    }
+
+    fn check(text: &str) {
+        let o = RawObject::from_raw(RawValue::from_string(text.to_string()).unwrap()).unwrap();
+        let m = &o.metadata;
+        let got = (m.name.clone(), m.namespace.clone(), m.uid.clone(), m.resource_version.clone(), o.has_type);
+        assert_eq!(got, expected(text), "{text}");
+        assert_eq!(o.raw.get(), text.trim(), "the text is kept as it is");
+    }
+
+    #[test]
+    fn every_key_order() {
+        let parts = [
+            r#""apiVersion":"v1""#,
+            r#""kind":"Pod""#,
+            r#""metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"}"#,
+            r#""spec":{"metadata":{"name":"inner","uid":"wrong"},"kind":"X"}"#,
+            r#""status":{"phase":"Running"}"#,
+        ];
+        // All 120 orders.
+        let mut orders: Vec<Vec<usize>> = vec![vec![]];
+        for _ in 0..parts.len() {
+            let mut longer = Vec::new();
+            for o in &orders {
+                for i in (0..parts.len()).filter(|i| !o.contains(i)) {
+                    let mut o = o.clone();
+                    o.push(i);
+                    longer.push(o);
+                }
+            }
+            orders = longer;
+        }
+        assert_eq!(orders.len(), 120);
+        for order in orders {
+            let text = format!("{{{}}}", order.iter().map(|&i| parts[i]).collect::<Vec<_>>().join(","));
+            check(&text);
+        }
+    }
+
+    #[test]
+    fn metadata_key_orders_and_cluster_scoped_objects() {
+        let fields = [
+            r#""name":"a""#,
+            r#""namespace":"n""#,
+            r#""uid":"u""#,
+            r#""resourceVersion":"7""#,
+            r#""labels":{"uid":"no","name":"no"}"#,
+        ];
+        for skip in 0..fields.len() + 1 {
+            // Each field left out once (none left out last), in both directions.
+            let kept: Vec<&str> = fields.iter().enumerate().filter(|(i, _)| *i != skip).map(|(_, f)| *f).collect();
+            for meta in [kept.join(","), kept.iter().rev().copied().collect::<Vec<_>>().join(",")] {
+                let spec = r#""spec":{"metadata":{"namespace":"no","uid":"no"}}"#;
+                check(&format!(r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{{meta}}},{spec}}}"#));
+                check(&format!(r#"{{"metadata":{{{meta}}},"apiVersion":"v1","kind":"Pod",{spec}}}"#));
+                check(&format!(r#"{{"apiVersion":"v1","metadata":{{{meta}}},{spec},"kind":"Pod"}}"#));
+                check(&format!(r#"{{"metadata":{{{meta}}},{spec}}}"#));
+            }
+        }
+        // A cluster-scoped object: no namespace, so metadata is read to its end.
+        check(
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","uid":"u","resourceVersion":"5","managedFields":[{"manager":"x"}]},"spec":{}}"#,
+        );
+        check(
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"n1","uid":"u","resourceVersion":"5","namespace":null},"spec":{}}"#,
+        );
+    }
+
+    #[test]
+    fn list_items_without_type_and_nested_metadata() {
+        // A list item: no apiVersion/kind at the top, but spec has both and a nested metadata.
+        check(
+            r#"{"metadata":{"name":"a","uid":"u","resourceVersion":"3"},"spec":{"template":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"t","uid":"x"}}},"status":{}}"#,
+        );
+        // Nested metadata before the real one.
+        check(r#"{"spec":{"metadata":{"uid":"wrong"}},"apiVersion":"v1","kind":"K","metadata":{"uid":"right"}}"#);
+        // Only one of apiVersion and kind.
+        check(r#"{"kind":"Pod","metadata":{"uid":"u"},"spec":{}}"#);
+        check(r#"{"apiVersion":"v1","metadata":{"uid":"u"},"spec":{}}"#);
+        // null type fields do not count; no metadata at all.
+        check(r#"{"apiVersion":null,"kind":"Pod","metadata":{"uid":"u"},"spec":{}}"#);
+        check(r#"{"apiVersion":"v1","kind":"Pod","spec":{"metadata":{"uid":"no"}}}"#);
+        check("{}");
+        check(" { } ");
+    }
+
+    #[test]
+    fn escaped_keys_and_values() {
+        check(
+            r#"{"api\u0056ersion":"v1","\u006bind":"Pod","meta\u0064ata":{"na\u006de":"a\"b\\c","uid":"\u00fc"},"spec":{}}"#,
+        );
+        check(
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"x\n\t\/y","annotations":{"a":"{\"metadata\":{}}"},"resourceVersion":"1"},"spec":{"k":"\"kind\":"}}"#,
+        );
+        check(r#"{"spec":{"s":"\"metadata\":{\"uid\":\"no\"}"},"metadata":{"uid":"yes"}}"#);
+        check("{\n  \"apiVersion\" : \"v1\" ,\n  \"kind\":\"Pod\",\n  \"metadata\": {\"uid\":\"u\"}\n, \"spec\": {}}");
+    }
+
+    #[test]
+    fn invalid_heads_are_errors() {
+        let err = |t: &str| RawObject::from_raw(RawValue::from_string(t.to_string()).unwrap()).is_err();
+        assert!(err(r#"[1,2]"#), "not an object");
+        assert!(err(r#""x""#));
+        assert!(err(r#"{"metadata":{"uid":1}}"#), "uid not a string");
+        assert!(err(r#"{"metadata":{},"metadata":{}}"#), "duplicate metadata");
+        assert!(err(r#"{"metadata":null,"kind":"K","apiVersion":"v1"}"#));
     }
 }
 

@@ -144,35 +144,7 @@ pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f
     let (tx, rx) = mpsc::channel::<Job>(1024);
     let producer = tokio::spawn(async move {
         for (seq, bytes) in recording.into_iter().enumerate() {
-            // What the reflector does with a watch event's object: decode only its identity.
-            let object: RawObject = serde_json::from_slice(&bytes).unwrap();
-            let uid = object.metadata.uid.clone().unwrap();
-            let rv = object.metadata.resource_version.clone().unwrap();
-            let entry = IndexEntry {
-                namespace: Some("shop".into()),
-                name: object.metadata.name.clone().unwrap(),
-                resource_version: rv.clone(),
-            };
-            let fields = Fields {
-                cluster: "bench".into(),
-                group: "core".into(),
-                version: "v1".into(),
-                kind: "Pod".into(),
-                resource: "pods".into(),
-                namespace: "shop".into(),
-                verb: "modified".into(),
-            };
-            let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
-            let event = change.into_cloudevent().unwrap();
-            let job = Job {
-                stream: 0,
-                seq: seq as u64,
-                effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
-                msg: Some(Outbound { event, key: uid, fields, route: None, trace: None }),
-                limiter: None,
-                verb: Verb::Modified,
-            };
-            if tx.send(job).await.is_err() {
+            if tx.send(job(seq as u64, &bytes, &source)).await.is_err() {
                 return;
             }
         }
@@ -180,6 +152,39 @@ pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f
     queue.run(rx).await.expect("delivered");
     producer.await.unwrap();
     (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0)
+}
+
+/// One recorded change as the queue gets it: what the reflector does with a watch event's
+/// object (decode only its identity), then what `pipeline::shape` does (the CloudEvent and the
+/// destination fields).
+pub fn job(seq: u64, bytes: &[u8], source: &Arc<EventSource>) -> Job {
+    let object: RawObject = serde_json::from_slice(bytes).unwrap();
+    let uid = object.metadata.uid.clone().unwrap();
+    let rv = object.metadata.resource_version.clone().unwrap();
+    let entry = IndexEntry {
+        namespace: Some("shop".into()),
+        name: object.metadata.name.clone().unwrap(),
+        resource_version: rv.clone(),
+    };
+    let fields = Fields {
+        cluster: "bench".into(),
+        group: "core".into(),
+        version: "v1".into(),
+        kind: "Pod".into(),
+        resource: "pods".into(),
+        namespace: "shop".into(),
+        verb: "modified".into(),
+    };
+    let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
+    let event = change.into_cloudevent().unwrap();
+    Job {
+        stream: 0,
+        seq,
+        effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
+        msg: Some(Outbound { event, key: uid, fields, route: None, trace: None }),
+        limiter: None,
+        verb: Verb::Modified,
+    }
 }
 
 /// User + system CPU time of this process, from /proc/self/stat (clock ticks of 1/100 s).

@@ -227,18 +227,24 @@ impl KafkaSink {
         payload: Option<&[u8]>,
         headers: OwnedHeaders,
     ) -> Result<(), SendError> {
-        let record = || {
-            let r = FutureRecord::<str, [u8]>::to(topic).key(key).headers(headers.clone());
+        let record = |headers: Option<OwnedHeaders>| {
+            let r = FutureRecord::<str, [u8]>::to(topic).key(key);
+            let r = match headers {
+                Some(h) => r.headers(h),
+                None => r,
+            };
             match payload {
                 Some(p) => r.payload(p),
                 None => r,
             }
         };
-        let mut result = self.producer.send(record(), Timeout::Never).await;
-        if let Err((e, _)) = &result {
+        let mut result = self.producer.send(record(Some(headers)), Timeout::Never).await;
+        if let Err((e, returned)) = &mut result {
             if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
                 debug!(topic, "record rejected as too large; sending it again alone");
-                result = self.solo()?.send(record(), Timeout::Never).await;
+                // The headers come back with the rejected record (not copied for every send).
+                let headers = returned.detach_headers();
+                result = self.solo()?.send(record(headers), Timeout::Never).await;
             }
         }
         match result {
@@ -310,7 +316,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
                 .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
             (Cow::Owned(event.to_structured()), headers)
         }
-        Mode::Binary => (Cow::Borrowed(&event.data), binary_headers(&event.attributes)),
+        Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(&event.attributes)),
     }
 }
 
@@ -321,12 +327,12 @@ fn binary_headers(attributes: &cloudevents::Event) -> OwnedHeaders {
     for (name, value) in attributes.iter_attributes() {
         let v = attribute_string(&value);
         if name == "datacontenttype" {
-            headers = headers.insert(Header { key: "content-type", value: Some(&v) });
+            headers = headers.insert(Header { key: "content-type", value: Some(v.as_ref()) });
         } else {
             key.clear();
             key.push_str("ce_");
             key.push_str(name);
-            headers = headers.insert(Header { key: &key, value: Some(&v) });
+            headers = headers.insert(Header { key: &key, value: Some(v.as_ref()) });
         }
     }
     for (name, value) in attributes.iter_extensions() {
@@ -343,9 +349,11 @@ fn binary_headers(attributes: &cloudevents::Event) -> OwnedHeaders {
     headers
 }
 
-fn attribute_string(v: &AttributeValue<'_>) -> String {
-    match v {
-        AttributeValue::Time(t) => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-        other => other.to_string(),
+fn attribute_string<'a>(v: &AttributeValue<'a>) -> Cow<'a, str> {
+    match *v {
+        AttributeValue::Time(t) => Cow::Owned(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+        AttributeValue::String(s) => Cow::Borrowed(s),
+        AttributeValue::URIRef(s) => Cow::Borrowed(s.as_str()),
+        ref other => Cow::Owned(other.to_string()),
     }
 }

@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage};
-use async_nats::{Client, ConnectOptions, HeaderMap};
+use async_nats::{Client, ConnectOptions, HeaderMap, HeaderName};
 use bytes::Bytes;
 use cloudevents::event::{AttributeValue, ExtensionValue};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
@@ -592,10 +592,30 @@ fn classify(subject: &str, e: jetstream::context::PublishError) -> SendError {
 const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 fn header_value(v: &str) -> String {
-    utf8_percent_encode(v, HEADER_VALUE).to_string()
+    Cow::from(utf8_percent_encode(v, HEADER_VALUE)).into_owned()
 }
 
-/// The payload and headers of `event` in `mode` (without `Nats-Msg-Id`).
+/// `ce-<name>` of binary mode, without an allocation for the attributes and extensions
+/// kubecast sets.
+fn ce_header(name: &str) -> Option<HeaderName> {
+    Some(HeaderName::from_static(match name {
+        "specversion" => "ce-specversion",
+        "id" => "ce-id",
+        "type" => "ce-type",
+        "source" => "ce-source",
+        "datacontenttype" => "ce-datacontenttype",
+        "dataschema" => "ce-dataschema",
+        "subject" => "ce-subject",
+        "time" => "ce-time",
+        "partitionkey" => "ce-partitionkey",
+        "resourceversion" => "ce-resourceversion",
+        "origin" => "ce-origin",
+        _ => return None,
+    }))
+}
+
+/// The payload and headers of `event` in `mode` (without `Nats-Msg-Id`). Binary mode shares
+/// the event's data (no copy).
 pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
     let mut headers = HeaderMap::new();
     match mode {
@@ -604,15 +624,17 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
             (Bytes::from(event.to_structured()), headers)
         }
         Mode::Binary => {
-            let mut put = |name: &str, v: &str| {
-                headers.insert(format!("ce-{name}").as_str(), header_value(v).as_str());
+            let mut put = |name: &str, v: &str| match ce_header(name) {
+                Some(n) => headers.insert(n, header_value(v)),
+                None => headers.insert(format!("ce-{name}"), header_value(v)),
             };
             for (name, value) in event.attributes.iter_attributes() {
-                let v = match value {
-                    AttributeValue::Time(t) => t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
-                    other => other.to_string(),
-                };
-                put(name, &v);
+                match value {
+                    AttributeValue::Time(t) => put(name, &t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+                    AttributeValue::String(s) => put(name, s),
+                    AttributeValue::URIRef(s) => put(name, s),
+                    other => put(name, &other.to_string()),
+                }
             }
             for (name, value) in event.attributes.iter_extensions() {
                 let v = match value {
@@ -622,7 +644,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
                 };
                 put(name, &v);
             }
-            (Bytes::copy_from_slice(&event.data), headers)
+            (event.data.clone(), headers)
         }
     }
 }
@@ -644,6 +666,26 @@ mod tests {
         assert_eq!(header_value("ns/name"), "ns/name");
         assert_eq!(header_value("a b\"c%d"), "a%20b%22c%25d");
         assert_eq!(header_value("grüße\n"), "gr%C3%BC%C3%9Fe%0A");
+    }
+
+    #[test]
+    fn binary_header_names() {
+        for name in [
+            "specversion",
+            "id",
+            "type",
+            "source",
+            "datacontenttype",
+            "dataschema",
+            "subject",
+            "time",
+            "partitionkey",
+            "resourceversion",
+            "origin",
+        ] {
+            assert_eq!(ce_header(name).unwrap().to_string(), format!("ce-{name}"));
+        }
+        assert!(ce_header("other").is_none());
     }
 
     #[test]

@@ -1,0 +1,56 @@
+//! The per-event CPU cost of kubecast's delivery path without a broker, for deterministic
+//! instruction counts (see benches/README.md):
+//!
+//!     cargo build --release --example path_cost
+//!     valgrind --tool=callgrind target/release/examples/path_cost 2000 none
+//!     valgrind --tool=callgrind target/release/examples/path_cost 2000 nats
+//!
+//! (instructions of a step - instructions of `none`) / events = instructions per event.
+//! Steps, each including the ones before it: `none` (only recording the stream), `decode`
+//! (the object's identity, as the reflector does), `job` (+ the CloudEvent and the queue job,
+//! as the benchmarks build them), `kafka`, `nats`, `structured` (+ encoding the record or
+//! message: Kafka binary, NATS binary, NATS structured), `ack` (+ the watermark).
+
+#[path = "../benches/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+
+use kubecast::ack::Watermark;
+use kubecast::checkpoint::Checkpoint;
+use kubecast::event::EventSource;
+use kubecast::object::RawObject;
+use kubecast::sink::{kafka, nats};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().map_or(2000, |s| s.parse().expect("events"));
+    let step = args.next().unwrap_or_else(|| "ack".into());
+    let recording = common::record(n);
+    let source = Arc::new(EventSource::new("bench", &common::pods()));
+    let mut watermark = Watermark::new(Checkpoint::default());
+    let mut sum = 0usize;
+    for (seq, bytes) in recording.iter().enumerate() {
+        match step.as_str() {
+            "none" => sum += bytes.len(),
+            "decode" => sum += serde_json::from_slice::<RawObject>(bytes).unwrap().raw.get().len(),
+            _ => {
+                let job = common::job(seq as u64, bytes, &source);
+                let event = &job.msg.as_ref().unwrap().event;
+                sum += match step.as_str() {
+                    "kafka" => kafka::encode(event, kafka::Mode::Binary).0.len(),
+                    "nats" => nats::encode(event, nats::Mode::Binary).0.len(),
+                    "structured" => nats::encode(event, nats::Mode::Structured).0.len(),
+                    _ => event.data.len(),
+                };
+                if step == "ack" {
+                    watermark.ack(job.seq, job.effect);
+                }
+            }
+        }
+    }
+    eprintln!("{step}: {n} events, {sum} bytes");
+}
