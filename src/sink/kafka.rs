@@ -310,14 +310,21 @@ pub fn clean_topic_part(s: &str) -> Cow<'_, str> {
 
 /// The record value and headers of `event` in `mode`.
 pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
-    match mode {
+    let (payload, mut headers) = match mode {
         Mode::Structured => {
             let headers = OwnedHeaders::new_with_capacity(1)
                 .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
             (Cow::Owned(event.to_structured()), headers)
         }
         Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(&event.attributes)),
+    };
+    // W3C trace context as plain headers too (traces on), so consumers continue the trace.
+    for name in ["traceparent", "tracestate"] {
+        if let Some(ExtensionValue::String(v)) = event.attributes.extension(name) {
+            headers = headers.insert(Header { key: name, value: Some(v.as_str()) });
+        }
     }
+    (payload, headers)
 }
 
 /// Binary mode: `content-type` from `datacontenttype`, `ce_<name>` for everything else.

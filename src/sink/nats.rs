@@ -618,6 +618,12 @@ fn ce_header(name: &str) -> Option<HeaderName> {
 /// the event's data (no copy).
 pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
     let mut headers = HeaderMap::new();
+    // W3C trace context as plain headers too (traces on), so consumers continue the trace.
+    for name in ["traceparent", "tracestate"] {
+        if let Some(ExtensionValue::String(v)) = event.attributes.extension(name) {
+            headers.insert(name, v.as_str());
+        }
+    }
     match mode {
         Mode::Structured => {
             headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
