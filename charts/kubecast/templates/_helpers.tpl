@@ -150,6 +150,9 @@ toToml. Also runs the checks (secrets inline, raw resources = config.resources).
 {{- if .Values.config.delivery }}
 {{- $_ := set $cfg "delivery" (deepCopy .Values.config.delivery) }}
 {{- end }}
+{{- if .Values.config.telemetry }}
+{{- $_ := set $cfg "telemetry" (deepCopy .Values.config.telemetry) }}
+{{- end }}
 {{- $_ := set $cfg "admin" (dict "listen" $listen) }}
 {{- $res := list }}
 {{- range .Values.config.resources }}
