@@ -81,7 +81,7 @@ const BAD: &[BadCase] = &[
         "unknown top-level key",
         "[clusterr]\nname = \"x\"",
         &[],
-        &["unknown key `clusterr`", "cluster, checkpoint, sink, delivery, admin, resources"],
+        &["unknown key `clusterr`", "cluster, checkpoint, sink, delivery, admin, telemetry, resources"],
     ),
     (
         "unknown nested key",
@@ -195,6 +195,18 @@ const BAD: &[BadCase] = &[
         "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\ntopic = \"x\"",
         &[],
         &["resources[0].topic", "only used by the kafka sink", "use `subject`"],
+    ),
+    (
+        "bad telemetry sampling ratio",
+        "[telemetry]\ntraces = true\nsampling_ratio = 2.0",
+        &[],
+        &["telemetry.sampling_ratio", "not between 0 and 1"],
+    ),
+    (
+        "bad telemetry endpoint",
+        "[telemetry]\nendpoint = \"otel-collector:4318\"",
+        &[],
+        &["telemetry.endpoint", "not an http(s) URL"],
     ),
     ("no resources", "[cluster]\nname = \"x\"", &[], &["`resources`", "nothing would be watched"]),
     ("bad cluster name", "[cluster]\nname = \"Prod EU\"", &[], &["cluster.name", "lower-case"]),
