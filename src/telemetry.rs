@@ -191,6 +191,11 @@ impl EventTrace {
         self.queued_at
     }
 
+    /// The trace id (hex), for log lines about this event.
+    pub fn trace_id(&self) -> String {
+        self.cx.span().span_context().trace_id().to_string()
+    }
+
     /// W3C `traceparent` of the root span (and `tracestate`, when not empty).
     pub fn w3c(&self) -> (String, Option<String>) {
         let sc = self.cx.span().span_context().clone();
@@ -229,6 +234,11 @@ impl EventTrace {
         }
         span.end();
     }
+}
+
+/// The trace id of an event's trace for its log lines ("" when traces are off).
+pub fn trace_id(trace: Option<&EventTrace>) -> String {
+    trace.map(EventTrace::trace_id).unwrap_or_default()
 }
 
 /// Ends a PRODUCER span with the retry count and the result.

@@ -65,7 +65,7 @@ impl DeadLetter {
         if let Target::Stop = self.target {
             return Err(Undeliverable { id, destination, reason: reason.to_string() });
         }
-        error!(event_id = %id, destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
+        error!(event_id = %id, trace_id = %crate::telemetry::trace_id(msg.trace.as_ref()), destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
         let mut backoff = self.retry.backoff();
         loop {
             let result = match &self.target {

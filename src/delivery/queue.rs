@@ -199,7 +199,7 @@ async fn send_with_retries(
             Err(SendError::Retriable(reason)) => {
                 metrics.retries.inc();
                 if attempt == 1 || attempt % 10 == 0 {
-                    warn!(event_id = %msg.event.id(), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
+                    warn!(event_id = %msg.event.id(), trace_id = %crate::telemetry::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }
                 tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
             }
