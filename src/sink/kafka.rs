@@ -298,14 +298,7 @@ impl KafkaSink {
 /// Kafka topic names allow `[a-zA-Z0-9._-]`: other characters become `_`; an empty field
 /// (the namespace of a cluster-scoped object) becomes `_`.
 pub fn clean_topic_part(s: &str) -> Cow<'_, str> {
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if s.is_empty() {
-        Cow::Borrowed("_")
-    } else if s.chars().all(ok) {
-        Cow::Borrowed(s)
-    } else {
-        Cow::Owned(s.chars().map(|c| if ok(c) { c } else { '_' }).collect())
-    }
+    super::template::clean_with(s, |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
 /// The record value and headers of `event` in `mode`.

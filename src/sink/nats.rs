@@ -297,14 +297,7 @@ fn is_valid_subject(s: &str) -> bool {
 /// non-ASCII) becomes `_`; an empty value (the namespace of a cluster-scoped object) becomes
 /// `_`. So `{group}` of `cert-manager.io` is `cert-manager_io`.
 pub fn clean_subject_token(s: &str) -> Cow<'_, str> {
-    let ok = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_');
-    if s.is_empty() {
-        Cow::Borrowed("_")
-    } else if s.chars().all(ok) {
-        Cow::Borrowed(s)
-    } else {
-        Cow::Owned(s.chars().map(|c| if ok(c) { c } else { '_' }).collect())
-    }
+    super::template::clean_with(s, |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
 pub struct NatsSink {

@@ -93,6 +93,19 @@ impl fmt::Display for Template {
     }
 }
 
+/// A field value as a destination part: characters `ok` refuses become `_`, an empty value
+/// (the namespace of a cluster-scoped object) becomes `_`; borrowed when nothing changes.
+pub fn clean_with(s: &str, ok: impl Fn(char) -> bool) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    if s.is_empty() {
+        Cow::Borrowed("_")
+    } else if s.chars().all(&ok) {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(s.chars().map(|c| if ok(c) { c } else { '_' }).collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
