@@ -62,6 +62,8 @@ async fn main() {
     common::report(events, "raw rdkafka producer", raw_figures, &[("kubecast delivery", kc)]);
 }
 
+type Delivery<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), rdkafka::error::KafkaError>> + 'a>>;
+
 /// A raw idempotent producer sending each object's JSON with its uid as key, 1000 in flight.
 async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>]) -> (f64, f64) {
     let producer: FutureProducer = ClientConfig::new()
@@ -74,9 +76,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>]) -> (f64, f64) {
     let payloads: Vec<(String, &[u8])> =
         common::keys(recording).into_iter().zip(recording.iter().map(Vec::as_slice)).collect();
     let (cpu0, t0) = (cpu_seconds(), Instant::now());
-    let mut in_flight: FuturesUnordered<
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), rdkafka::error::KafkaError>> + '_>>,
-    > = FuturesUnordered::new();
+    let mut in_flight: FuturesUnordered<Delivery<'_>> = FuturesUnordered::new();
     for (key, payload) in &payloads {
         if in_flight.len() >= 1000 {
             in_flight.next().await.unwrap().expect("delivered");

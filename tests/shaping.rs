@@ -75,7 +75,7 @@ async fn secret_values_never_appear_in_any_payload_mode() {
         "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{subject}\"\n",
         common::env_var("NATS_URL")
     );
-    let mut runs = vec![
+    let mut runs = [
         Kubecast::start(&config(&ns.name, secrets, "")),
         Kubecast::start(&config(&ns.name, secrets, "payload = \"metadata\"")),
         Kubecast::start(&config(&ns.name, secrets, "payload = \"patch\"\nkeep_previous = true")),
