@@ -63,13 +63,16 @@ async fn metrics_count_what_happened() {
         l.push(("verb", verb));
         l
     };
-    // Gauges and acknowledgements settle within a checkpoint interval or two.
+    // Gauges, the filtered delete and the acknowledgements settle within a checkpoint interval
+    // or two.
     let deadline = std::time::Instant::now() + WAIT;
     let s = loop {
         let (status, body) = k.admin_get("/metrics").await;
         assert_eq!(status, 200);
         let s = parse(&body);
+        // The delete is filtered out (not in `events`): only the metrics show when it was read.
         let settled = value(&s, "kubecast_events_acked_total", &with("modified")) == 1.0
+            && value(&s, "kubecast_events_observed_total", &with("deleted")) == 1.0
             && value(&s, "kubecast_checkpoint_lag", &[]) == 0.0
             && value(&s, "kubecast_queue_depth", &[]) == 0.0;
         if settled {
