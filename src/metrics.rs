@@ -172,6 +172,8 @@ pub struct StreamMetrics {
     pub published: [Counter; 3],
     pub acked: [Counter; 3],
     pub dead_lettered: [Counter; 3],
+    /// Per verb, per [`FILTER_REASONS`].
+    filtered: [[Counter; 4]; 3],
     pub retries: Counter,
     /// Items the reflector emitted (for the checkpoint lag).
     pub read: AtomicU64,
@@ -190,22 +192,27 @@ impl StreamMetrics {
             published: per_verb(&m.events_published),
             acked: per_verb(&m.events_acked),
             dead_lettered: per_verb(&m.events_dead_lettered),
+            filtered: crate::config::Verb::ALL.map(|v| {
+                FILTER_REASONS.map(|reason| {
+                    let r = resource(group, kind);
+                    let key = Filtered { group: r.group, kind: r.kind, verb: v.as_str(), reason };
+                    m.events_filtered.get_or_create(&key).clone()
+                })
+            }),
             retries: m.retries.get_or_create(&resource(group, kind)).clone(),
             read: AtomicU64::new(0),
         }
     }
 
-    /// A change not sent, and why.
+    /// A change not sent, and why (one of [`FILTER_REASONS`]).
     pub fn filtered(&self, verb: crate::config::Verb, reason: &'static str) {
-        let key = Filtered {
-            group: self.resource.group.clone(),
-            kind: self.resource.kind.clone(),
-            verb: verb.as_str(),
-            reason,
-        };
-        get().events_filtered.get_or_create(&key).inc();
+        let r = FILTER_REASONS.iter().position(|x| *x == reason).expect("a known filter reason");
+        self.filtered[verb_index(verb)][r].inc();
     }
 }
+
+/// The `reason` label values of `kubecast_events_filtered_total` (see `shaping::Dropped`).
+pub const FILTER_REASONS: [&str; 4] = ["verb", "filter", "status_only", "unreadable"];
 
 pub fn verb_index(v: crate::config::Verb) -> usize {
     match v {

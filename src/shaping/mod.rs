@@ -449,6 +449,13 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn every_drop_reason_has_a_metric() {
+        for d in [Dropped::Verb, Dropped::StatusOnly, Dropped::Filter, Dropped::Unreadable] {
+            assert!(crate::metrics::FILTER_REASONS.contains(&d.as_str()), "{d:?}");
+        }
+    }
+
+    #[test]
     fn strip_noise_cuts_only_the_noise() {
         let obj = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "a", "annotations": {LAST_APPLIED: "{\"data\":1}", "keep": "me"},
