@@ -23,6 +23,8 @@ use futures::stream::FuturesUnordered;
 use kubecast::sink::Sink;
 use kubecast::sink::kafka::KafkaConfig;
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
@@ -44,17 +46,25 @@ async fn main() {
     );
 
     let run = std::process::id();
-    // Warm the broker (topic creation, connections) outside the measurements.
-    raw(&brokers, &format!("bench.warmup.{run}"), &recording[..1000.min(events)]).await;
+    let partitions = common::arg("--partitions").map_or(6, |p| p.parse().expect("--partitions N"));
+    let topics = [format!("bench.warmup.{run}"), format!("bench.raw.{run}"), format!("bench.kubecast.{run}")];
+    create_topics(&brokers, &topics, partitions).await;
+    println!("topics with {partitions} partitions");
+    // Warm the broker (connections, log segments) outside the measurements.
+    raw(&brokers, &topics[0], &recording[..1000.min(events)]).await;
 
-    let raw_figures = raw(&brokers, &format!("bench.raw.{run}"), &recording).await;
+    let raw_figures =
+        if common::side("raw") { raw(&brokers, &topics[1], &recording).await } else { (f64::NAN, f64::NAN) };
+    if !common::side("kubecast") {
+        return common::report(events, "raw rdkafka producer", raw_figures, &[]);
+    }
     let sink = Sink::Kafka(
         kubecast::sink::KafkaSink::new(&KafkaConfig {
             brokers: brokers.to_string(),
-            topic: format!("bench.kubecast.{run}"),
+            topic: topics[2].clone(),
             mode: Default::default(),
             tombstones: false,
-            properties: Default::default(),
+            properties: extra_properties().into_iter().collect(),
         })
         .unwrap(),
     );
@@ -62,20 +72,44 @@ async fn main() {
     common::report(events, "raw rdkafka producer", raw_figures, &[("kubecast delivery", kc)]);
 }
 
+/// Creates `topics` with `partitions` partitions each, before anything is measured.
+async fn create_topics(brokers: &str, topics: &[String], partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin client");
+    let new: Vec<NewTopic<'_>> =
+        topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1))).collect();
+    for result in admin.create_topics(&new, &AdminOptions::new()).await.expect("create topics") {
+        result.expect("topic created");
+    }
+}
+
+/// `KUBECAST_BENCH_KAFKA_PROPERTIES="linger.ms=20,batch.size=2000000"`: librdkafka properties
+/// for both sides (to compare settings).
+fn extra_properties() -> Vec<(String, String)> {
+    std::env::var("KUBECAST_BENCH_KAFKA_PROPERTIES")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|p| !p.trim().is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').expect("KUBECAST_BENCH_KAFKA_PROPERTIES: key=value,...");
+            (k.trim().to_string(), v.trim().to_string())
+        })
+        .collect()
+}
+
 type Delivery<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), rdkafka::error::KafkaError>> + 'a>>;
 
 /// A raw idempotent producer sending each object's JSON with its uid as key, 1000 in flight.
 async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>]) -> (f64, f64) {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .create()
-        .unwrap();
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", brokers).set("enable.idempotence", "true").set("acks", "all");
+    for (k, v) in extra_properties() {
+        cc.set(k, v);
+    }
+    let producer: FutureProducer = cc.create().unwrap();
     // The key (uid) is known to a raw producer in advance; kubecast must read it from the JSON.
-    let payloads: Vec<(String, &[u8])> =
-        common::keys(recording).into_iter().zip(recording.iter().map(Vec::as_slice)).collect();
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let payloads = common::payloads(recording);
+    let (threads0, cpu0, t0) = (common::thread_cpu(), cpu_seconds(), Instant::now());
     let mut in_flight: FuturesUnordered<Delivery<'_>> = FuturesUnordered::new();
     for (key, payload) in &payloads {
         if in_flight.len() >= 1000 {
@@ -84,7 +118,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>]) -> (f64, f64) {
         let producer = producer.clone();
         in_flight.push(Box::pin(async move {
             producer
-                .send(FutureRecord::to(topic).key(key).payload(*payload), Timeout::Never)
+                .send(FutureRecord::to(topic).key(key).payload(payload), Timeout::Never)
                 .await
                 .map(|_| ())
                 .map_err(|(e, _)| e)
@@ -94,5 +128,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>]) -> (f64, f64) {
         r.expect("delivered");
     }
     producer.flush(Duration::from_secs(30)).unwrap();
-    (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0)
+    let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    println!("raw {}", common::cpu_split(&threads0, recording.len()));
+    figures
 }

@@ -49,7 +49,14 @@ async fn main() {
     let warmup = format!("bench{run}w");
     with_stream(&js, &warmup, 1000.min(events), raw(&js, &format!("{warmup}.x"), &recording[..1000.min(events)])).await;
     let s = format!("bench{run}r");
-    let raw_figures = with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &recording)).await;
+    let raw_figures = if common::side("raw") {
+        with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &recording)).await
+    } else {
+        (f64::NAN, f64::NAN)
+    };
+    if !common::side("kubecast") {
+        return common::report(events, "raw async-nats JetStream", raw_figures, &[]);
+    }
     let s = format!("bench{run}b");
     let binary = with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Binary, &recording)).await;
     let s = format!("bench{run}s");
@@ -85,14 +92,12 @@ async fn with_stream<T>(js: &jetstream::Context, name: &str, expected: usize, wo
 /// Publishes each object's JSON with its id as `Nats-Msg-Id`, awaiting the PubAcks, 1000 in
 /// flight.
 async fn raw(js: &jetstream::Context, subject: &str, recording: &[Vec<u8>]) -> (f64, f64) {
-    let keys = common::keys(recording);
-    let payloads: Vec<(String, bytes::Bytes)> = keys
+    let payloads: Vec<(String, bytes::Bytes)> = common::payloads(recording)
         .into_iter()
-        .zip(recording)
         .enumerate()
-        .map(|(i, (k, b))| (format!("{k}:{i}"), bytes::Bytes::copy_from_slice(b)))
+        .map(|(i, (k, b))| (format!("{k}:{i}"), bytes::Bytes::from(b)))
         .collect();
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    let (threads0, cpu0, t0) = (common::thread_cpu(), cpu_seconds(), Instant::now());
     let mut acks: FuturesUnordered<<jetstream::context::PublishAckFuture as IntoFuture>::IntoFuture> =
         FuturesUnordered::new();
     let mut done = 0usize;
@@ -112,10 +117,12 @@ async fn raw(js: &jetstream::Context, subject: &str, recording: &[Vec<u8>]) -> (
         done += 1;
     }
     assert_eq!(done, recording.len());
-    (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0)
+    let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    println!("raw {}", common::cpu_split(&threads0, recording.len()));
+    figures
 }
 
-async fn kubecast_run(url: &str, subject: &str, mode: Mode, recording: &[Vec<u8>]) -> (f64, f64) {
+async fn kubecast_run(url: &str, subject: &str, mode: Mode, recording: &std::sync::Arc<Vec<Vec<u8>>>) -> (f64, f64) {
     let cfg: NatsConfig = serde_json::from_value(serde_json::json!({
         "url": url,
         "subject": subject,

@@ -15,7 +15,6 @@ mod common;
 use common::{cpu_seconds, record};
 use kubecast::config::{ResourceConfig, Verb};
 use kubecast::event::{Change, CloudEvent, EventSource, Origin};
-use kubecast::object::RawObject;
 use kubecast::shaping::Shaper;
 use kubecast::sink::Sink;
 use kubecast::sink::kafka::KafkaConfig;
@@ -48,7 +47,7 @@ async fn main() {
         recording
             .iter()
             .map(|b| {
-                let object: RawObject = serde_json::from_slice(b).unwrap();
+                let object = common::object(b);
                 let uid = object.metadata.uid.clone().unwrap();
                 let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
                 (uid, change.into_cloudevent().unwrap())

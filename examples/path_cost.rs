@@ -36,7 +36,8 @@ fn main() {
     for (seq, bytes) in recording.iter().enumerate() {
         match step.as_str() {
             "none" => sum += bytes.len(),
-            "decode" => sum += serde_json::from_slice::<RawObject>(bytes).unwrap().raw.get().len(),
+            "decode" => sum += common::object(bytes).text().len(),
+            "serde" => sum += serde_json::from_slice::<kube::api::WatchEvent<RawObject>>(bytes).is_ok() as usize,
             _ => {
                 let job = common::job(seq as u64, bytes, &source);
                 let event = &job.msg.as_ref().unwrap().event;

@@ -139,7 +139,7 @@ impl EventSource {
             _ => name,
         };
         // List items come without apiVersion/kind; every payload describes itself.
-        let data = Bytes::from(object.into_json_bytes(&self.resource));
+        let data = object.into_json_bytes(&self.resource);
         let mut attributes = EventBuilderV10::new()
             .id(format!("{uid}:{rv}:{}", verb.as_str()))
             .source(self.source.clone())
@@ -199,7 +199,7 @@ mod tests {
             r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"1"}}"#,
         )
         .unwrap();
-        let text = obj.raw.get().as_ptr();
+        let text = obj.text().as_ptr();
         let ev =
             Change { verb: Verb::Added, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
         assert_eq!(ev.data.as_ptr(), text);

@@ -5,6 +5,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use bytes::Bytes;
+
 use kube::api::{ApiResource, ObjectMeta};
 use kube::core::DynamicResourceScope;
 use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, Visitor};
@@ -17,7 +19,9 @@ pub struct RawObject {
     pub metadata: ObjectMeta,
     /// Whether the JSON has `apiVersion` and `kind` (list items do not).
     pub has_type: bool,
-    pub raw: Box<RawValue>,
+    /// The whole object as JSON text: valid UTF-8, exactly one JSON object (every constructor
+    /// checks it).
+    text: Bytes,
 }
 
 /// The identity fields read from the head of an object (see [`read_head`]).
@@ -166,9 +170,9 @@ impl<'de> Visitor<'de> for HeadVisitor<'_> {
 }
 
 /// Decodes the [`Head`] of `text` (one JSON object).
-fn read_head(text: &str) -> Result<Head, serde_json::Error> {
+fn read_head(text: &[u8]) -> Result<Head, serde_json::Error> {
     let mut head = Head::default();
-    let mut de = serde_json::Deserializer::from_str(text);
+    let mut de = serde_json::Deserializer::from_slice(text);
     match de.deserialize_map(HeadVisitor(&mut head)) {
         Ok(()) => de.end()?,
         Err(_) if head.complete => {}
@@ -177,11 +181,42 @@ fn read_head(text: &str) -> Result<Head, serde_json::Error> {
     Ok(head)
 }
 
+/// Why a text is not an object kubecast can pass on.
+#[derive(Debug, thiserror::Error)]
+pub enum ObjectError {
+    #[error("object text is not UTF-8")]
+    Utf8,
+    #[error("object text: {0}")]
+    Syntax(#[from] crate::json_check::SyntaxError),
+    #[error("object text is not a JSON object")]
+    NotAnObject,
+    #[error("object head: {0}")]
+    Head(#[from] serde_json::Error),
+}
+
 impl RawObject {
+    /// Takes `text` as the object if it is UTF-8 and exactly one JSON object (checked in full:
+    /// it is passed on as it is), and reads its identity from the head.
+    pub fn from_json(text: Bytes) -> Result<Self, ObjectError> {
+        simdutf8::basic::from_utf8(&text).map_err(|_| ObjectError::Utf8)?;
+        crate::json_check::check(&text)?;
+        if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ObjectError::NotAnObject);
+        }
+        let head = read_head(&text)?;
+        Ok(Self::with_head(text, head))
+    }
+
+    /// `raw` is valid JSON (serde_json checked it); only its head is read.
     pub fn from_raw(raw: Box<RawValue>) -> Result<Self, serde_json::Error> {
-        let head = read_head(raw.get())?;
+        let text = Bytes::from(Box::<str>::from(raw).into_boxed_bytes());
+        let head = read_head(&text)?;
+        Ok(Self::with_head(text, head))
+    }
+
+    fn with_head(text: Bytes, head: Head) -> Self {
         let m = head.metadata;
-        Ok(Self {
+        Self {
             metadata: ObjectMeta {
                 name: m.name,
                 namespace: m.namespace,
@@ -190,23 +225,27 @@ impl RawObject {
                 ..ObjectMeta::default()
             },
             has_type: head.api_version && head.kind,
-            raw,
-        })
+            text,
+        }
     }
 
     pub fn from_value(v: &serde_json::Value) -> Result<Self, serde_json::Error> {
         Self::from_raw(RawValue::from_string(serde_json::to_string(v)?)?)
     }
 
+    /// The object's JSON text as it arrived.
+    pub fn text(&self) -> &[u8] {
+        &self.text
+    }
+
     /// The object's JSON, with `apiVersion` and `kind` added when it came without them (as
     /// items of a list do), so that every payload describes itself.
-    pub fn into_json_bytes(self, ar: &ApiResource) -> Vec<u8> {
+    pub fn into_json_bytes(self, ar: &ApiResource) -> Bytes {
         if self.has_type {
             // No copy: the text the apiserver sent becomes the data.
-            let text: Box<str> = self.raw.into();
-            return text.into_boxed_bytes().into_vec();
+            return self.text;
         }
-        let text = self.raw.get().as_bytes();
+        let text = &self.text[..];
         let rest = text.strip_prefix(b"{").unwrap_or(text);
         let mut out = Vec::with_capacity(text.len() + 64);
         out.extend_from_slice(b"{\"apiVersion\":");
@@ -217,7 +256,7 @@ impl RawObject {
             out.push(b',');
         }
         out.extend_from_slice(rest);
-        out
+        out.into()
     }
 }
 
@@ -230,7 +269,9 @@ impl<'de> Deserialize<'de> for RawObject {
 
 impl Serialize for RawObject {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        self.raw.serialize(s)
+        // The text is valid JSON (checked when the object was made); borrowed, not copied.
+        let raw: &RawValue = serde_json::from_slice(&self.text).map_err(serde::ser::Error::custom)?;
+        raw.serialize(s)
     }
 }
 
@@ -284,7 +325,10 @@ mod tests {
         let typed: RawObject =
             serde_json::from_str(r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#).unwrap();
         assert!(typed.has_type);
-        assert_eq!(typed.into_json_bytes(&ar), br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#);
+        assert_eq!(
+            &typed.into_json_bytes(&ar)[..],
+            br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}"#
+        );
         let empty: RawObject = serde_json::from_str("{}").unwrap();
         assert_eq!(
             serde_json::from_slice::<serde_json::Value>(&empty.into_json_bytes(&ar)).unwrap()["kind"],
@@ -310,7 +354,14 @@ mod head_tests {
         let m = &o.metadata;
         let got = (m.name.clone(), m.namespace.clone(), m.uid.clone(), m.resource_version.clone(), o.has_type);
         assert_eq!(got, expected(text), "{text}");
-        assert_eq!(o.raw.get(), text.trim(), "the text is kept as it is");
+        assert_eq!(o.text(), text.trim().as_bytes(), "the text is kept as it is");
+        let checked = RawObject::from_json(Bytes::copy_from_slice(text.as_bytes())).unwrap();
+        assert_eq!(checked.text(), text.as_bytes());
+        let m2 = &checked.metadata;
+        assert_eq!(
+            (m2.name.clone(), m2.namespace.clone(), m2.uid.clone(), m2.resource_version.clone(), checked.has_type),
+            expected(text)
+        );
     }
 
     #[test]
@@ -409,6 +460,14 @@ mod head_tests {
         assert!(err(r#"{"metadata":{"uid":1}}"#), "uid not a string");
         assert!(err(r#"{"metadata":{},"metadata":{}}"#), "duplicate metadata");
         assert!(err(r#"{"metadata":null,"kind":"K","apiVersion":"v1"}"#));
+
+        let checked = |t: &[u8]| RawObject::from_json(Bytes::copy_from_slice(t)).map(|_| ()).map_err(|e| e.to_string());
+        assert_eq!(checked(br#"{"metadata":{"uid":"u"}}"#), Ok(()));
+        assert_eq!(checked(b"[1,2]").unwrap_err(), "object text is not a JSON object");
+        assert!(checked(br#"{"metadata":{"uid":"u"}},"x":1}"#).unwrap_err().contains("expected the end of the text"));
+        assert!(checked(br#"{"metadata":{"uid":"u"},"spec":{"a":[1,}}"#).unwrap_err().contains("expected a value"));
+        assert_eq!(checked(b"{\"a\":\"\xff\"}").unwrap_err(), "object text is not UTF-8");
+        assert!(checked(br#"{"metadata":{"uid":1}}"#).unwrap_err().starts_with("object head:"));
     }
 }
 

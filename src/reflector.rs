@@ -505,7 +505,7 @@ impl Reflector {
         let mut wp = self.watch_params();
         wp.send_initial_events = true;
         self.spec.limiter.until_ready().await;
-        let stream = match self.target().api.watch(&wp, "").await {
+        let stream = match crate::watch::start(&self.target().api, &wp, "").await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
                 info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
@@ -570,7 +570,7 @@ impl Reflector {
         let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
-        let stream = match self.target().api.watch(&wp, &rv).await {
+        let stream = match crate::watch::start(&self.target().api, &wp, &rv).await {
             Ok(s) => {
                 if self.listed_once {
                     self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);

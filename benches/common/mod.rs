@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kube::api::{ApiResource, GroupVersionKind};
+use kube::api::{ApiResource, GroupVersionKind, WatchEvent};
 use kubecast::ack::{Effect, IndexOp, StreamCheckpoint};
 use kubecast::checkpoint::{CheckpointStore, IndexEntry, StreamKey};
 use kubecast::config::Verb;
@@ -23,9 +23,20 @@ use tokio::sync::mpsc;
 
 pub const OBJECTS: usize = 5000;
 
+/// The value after `flag` on the command line.
+pub fn arg(flag: &str) -> Option<String> {
+    std::env::args().skip_while(|a| a != flag).nth(1)
+}
+
 /// `--events N` from the command line, or `default`.
 pub fn events_arg(default: usize) -> usize {
-    std::env::args().skip_while(|a| a != "--events").nth(1).map(|v| v.parse().expect("--events N")).unwrap_or(default)
+    arg("--events").map(|v| v.parse().expect("--events N")).unwrap_or(default)
+}
+
+/// Whether this run measures `side` (`--side raw` or `--side kubecast`: one side only, e.g.
+/// under `perf record`; both by default).
+pub fn side(side: &str) -> bool {
+    arg("--side").is_none_or(|s| s == side)
 }
 
 /// Starts `service` of tests/env (idempotent; left running) and returns the env file's text.
@@ -47,9 +58,24 @@ pub fn pods() -> ApiResource {
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods")
 }
 
-/// The uid of each recorded object (a raw client knows its keys in advance).
-pub fn keys(recording: &[Vec<u8>]) -> Vec<String> {
-    recording.iter().map(|b| serde_json::from_slice::<RawObject>(b).unwrap().metadata.uid.unwrap()).collect()
+/// What a raw client is handed for each recorded event, ready to send: the object's uid (the
+/// key) and its JSON text (the payload). kubecast's side gets the watch lines instead.
+pub fn payloads(recording: &[Vec<u8>]) -> Vec<(String, Vec<u8>)> {
+    recording
+        .iter()
+        .map(|line| {
+            let object = object(line);
+            (object.metadata.uid.clone().unwrap(), object.text().to_vec())
+        })
+        .collect()
+}
+
+/// The object of a recorded watch line, decoded as the reflector does.
+pub fn object(line: &[u8]) -> RawObject {
+    match kubecast::watch::decode_line(line).unwrap() {
+        WatchEvent::Modified(o) => o,
+        other => panic!("{other:?}"),
+    }
 }
 
 /// The figures table and the goals.
@@ -68,15 +94,20 @@ pub fn report(events: usize, raw_name: &str, raw: (f64, f64), runs: &[(&str, (f6
     }
 }
 
-/// `events` changes of `OBJECTS` Pods, ~10 KB each, as the JSON text a watch delivers them in.
-pub fn record(events: usize) -> Vec<Vec<u8>> {
-    (0..events)
-        .map(|i| {
-            let mut pod = pod(i % OBJECTS, i / OBJECTS);
-            pod["metadata"]["resourceVersion"] = (1000 + i).to_string().into();
-            serde_json::to_vec(&pod).unwrap()
-        })
-        .collect()
+/// `events` changes of `OBJECTS` Pods, ~10 KB each, as the lines a watch delivers them in
+/// (`{"type":"MODIFIED","object":{...}}`, compact, as the apiserver writes them).
+pub fn record(events: usize) -> Arc<Vec<Vec<u8>>> {
+    // On a thread of its own, so that a profile tells it from the measured work.
+    let record = move || {
+        (0..events)
+            .map(|i| {
+                let mut pod = pod(i % OBJECTS, i / OBJECTS);
+                pod["metadata"]["resourceVersion"] = (1000 + i).to_string().into();
+                [&b"{\"type\":\"MODIFIED\",\"object\":"[..], &serde_json::to_vec(&pod).unwrap(), b"}"].concat()
+            })
+            .collect()
+    };
+    Arc::new(std::thread::Builder::new().name("record".into()).spawn(record).unwrap().join().unwrap())
 }
 
 fn pod(n: usize, generation: usize) -> Value {
@@ -112,7 +143,7 @@ fn pod(n: usize, generation: usize) -> Value {
 }
 
 /// The same stream through kubecast's delivery path into `sink`.
-pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f64, f64) {
+pub async fn kubecast(sink: Sink, recording: &Arc<Vec<Vec<u8>>>, ar: &ApiResource) -> (f64, f64) {
     let sink = Arc::new(sink);
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path()).unwrap();
@@ -139,26 +170,30 @@ pub async fn kubecast(sink: Sink, recording: &[Vec<u8>], ar: &ApiResource) -> (f
         metrics: vec![Arc::new(kubecast::metrics::StreamMetrics::new("", "Pod", "bench"))],
     };
     let source = Arc::new(EventSource::new("bench", ar));
-    let recording = recording.to_vec();
-    let (cpu0, t0) = (cpu_seconds(), Instant::now());
+    // Shared, not copied: the measured work reads each line where it was recorded.
+    let recording = recording.clone();
+    let events = recording.len();
+    let (threads0, cpu0, t0) = (thread_cpu(), cpu_seconds(), Instant::now());
     let (tx, rx) = mpsc::channel::<Job>(1024);
     let producer = tokio::spawn(async move {
-        for (seq, bytes) in recording.into_iter().enumerate() {
-            if tx.send(job(seq as u64, &bytes, &source)).await.is_err() {
+        for (seq, line) in recording.iter().enumerate() {
+            if tx.send(job(seq as u64, line, &source)).await.is_err() {
                 return;
             }
         }
     });
     queue.run(rx).await.expect("delivered");
     producer.await.unwrap();
-    (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0)
+    let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    println!("kubecast {}", cpu_split(&threads0, events));
+    figures
 }
 
-/// One recorded change as the queue gets it: what the reflector does with a watch event's
-/// object (decode only its identity), then what `pipeline::shape` does (the CloudEvent and the
-/// destination fields).
-pub fn job(seq: u64, bytes: &[u8], source: &Arc<EventSource>) -> Job {
-    let object: RawObject = serde_json::from_slice(bytes).unwrap();
+/// One recorded change as the queue gets it: what the reflector does with a watch line
+/// (`watch::decode_line`: the object's text checked and kept, its identity decoded), then what
+/// `pipeline::shape` does (the CloudEvent and the destination fields).
+pub fn job(seq: u64, line: &[u8], source: &Arc<EventSource>) -> Job {
+    let object = object(line);
     let uid = object.metadata.uid.clone().unwrap();
     let rv = object.metadata.resource_version.clone().unwrap();
     let entry = IndexEntry {
@@ -185,6 +220,39 @@ pub fn job(seq: u64, bytes: &[u8], source: &Arc<EventSource>) -> Job {
         limiter: None,
         verb: Verb::Modified,
     }
+}
+
+/// CPU seconds (user + system) of each live thread of this process, summed by thread name
+/// with trailing digits dropped (`rdk:broker1` -> `rdk:broker`), and the process's minor page
+/// faults: a snapshot, to show where a measured window's CPU went (see [`cpu_split`]).
+pub fn thread_cpu() -> (std::collections::BTreeMap<String, f64>, u64) {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let cpu = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
+        *out.entry(name).or_insert(0.0) += cpu;
+    }
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let minflt = stat[stat.rfind(')').unwrap() + 2..].split_whitespace().nth(7).unwrap().parse().unwrap();
+    (out, minflt)
+}
+
+/// The CPU per thread name and the minor page faults between two [`thread_cpu`] snapshots, as
+/// one line.
+pub fn cpu_split(before: &(std::collections::BTreeMap<String, f64>, u64), events: usize) -> String {
+    let after = thread_cpu();
+    let mut parts: Vec<String> = after
+        .0
+        .iter()
+        .map(|(name, cpu)| (name, cpu - before.0.get(name).copied().unwrap_or(0.0)))
+        .filter(|(_, d)| *d > 0.0)
+        .map(|(name, d)| format!("{name} {:.1} µs", d / events as f64 * 1e6))
+        .collect();
+    parts.push(format!("{:.2} page faults", (after.1 - before.1) as f64 / events as f64));
+    format!("per event: {}", parts.join(", "))
 }
 
 /// User + system CPU time of this process, from /proc/self/stat (clock ticks of 1/100 s).

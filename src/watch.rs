@@ -1,0 +1,243 @@
+//! A watch request and its event stream, decoded the way kubecast needs it.
+//!
+//! It does what kube's `Api::watch` does (same request, same client and its middleware, same
+//! error responses, same handling of a connection that ends mid-stream), with its own framing
+//! and decoding: the body is split into lines (one JSON watch event each, as the apiserver
+//! writes them), and for the usual `{"type":"ADDED|MODIFIED|DELETED","object":{...}}` line the
+//! object's text is taken as it is after a validating scan ([`crate::json_check`]) instead of
+//! being parsed into a `RawValue` by serde_json: ~4x fewer instructions per event on ~10 KB
+//! objects (see `benches/README.md`). Any other line (bookmarks, errors, another key order or
+//! spacing) goes through serde_json, as before.
+
+use bytes::{Buf, Bytes, BytesMut};
+use futures::Stream;
+use http_body_util::BodyExt;
+use kube::api::{Api, WatchEvent, WatchParams};
+use kube::core::Status;
+use tracing::debug;
+
+use crate::object::RawObject;
+
+/// Starts `GET <resource>?watch=true&resourceVersion=<rv>&...` and returns its events.
+pub async fn start(
+    api: &Api<RawObject>,
+    wp: &WatchParams,
+    rv: &str,
+) -> Result<impl Stream<Item = Result<WatchEvent<RawObject>, kube::Error>> + use<>, kube::Error> {
+    let mut request = kube::core::Request::new(api.resource_url()).watch(wp, rv).map_err(kube::Error::BuildRequest)?;
+    // As kube does: watch streams opt out of compression (the apiserver gzips each event as
+    // its own member, which the client's decompression does not handle).
+    request.headers_mut().insert(http::header::ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));
+    request.extensions_mut().insert("watch");
+    let client = api.clone().into_client();
+    let response = client.send(request.map(kube::client::Body::from)).await?;
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        let body = response.into_body().collect().await?.to_bytes();
+        return Err(api_error(status, &body));
+    }
+    Ok(events(response.into_body()))
+}
+
+/// An error response as kube reports it: its `Status`, or one made from the text.
+fn api_error(status: http::StatusCode, body: &[u8]) -> kube::Error {
+    let status = serde_json::from_slice::<Status>(body).unwrap_or_else(|_| {
+        Status::failure(String::from_utf8_lossy(body).trim(), "Failed to parse error data").with_code(status.as_u16())
+    });
+    kube::Error::Api(status.boxed())
+}
+
+/// The events of a watch response body, one per line.
+fn events(body: kube::client::Body) -> impl Stream<Item = Result<WatchEvent<RawObject>, kube::Error>> {
+    let state = Lines { body, buf: BytesMut::new(), scanned: 0, ended: false };
+    futures::stream::unfold(state, |mut lines| async move {
+        let line = lines.next().await?;
+        Some((line.and_then(|l| decode_line(&l)), lines))
+    })
+}
+
+struct Lines {
+    body: kube::client::Body,
+    buf: BytesMut,
+    /// `buf[..scanned]` has no newline.
+    scanned: usize,
+    ended: bool,
+}
+
+impl Lines {
+    /// The next non-empty line (without its newline), `None` at the end of the body.
+    async fn next(&mut self) -> Option<Result<Bytes, kube::Error>> {
+        loop {
+            if let Some(at) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
+                let end = self.scanned + at;
+                self.scanned = 0;
+                let line = self.buf.split_to(end).freeze();
+                self.buf.advance(1);
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(Ok(line));
+            }
+            self.scanned = self.buf.len();
+            if self.ended {
+                if !self.buf.is_empty() {
+                    // The connection ended inside an event: it was not delivered, and the
+                    // watch resumes from the last whole one.
+                    debug!(bytes = self.buf.len(), "watch ended inside an event; dropping the partial line");
+                    self.buf.clear();
+                }
+                return None;
+            }
+            match self.body.frame().await {
+                None => self.ended = true,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(e)) => {
+                    self.ended = true;
+                    if !ends_resumably(&e) {
+                        return Some(Err(e));
+                    }
+                    // Like kube: a connection cut mid-chunk (common after minutes of watching)
+                    // ends the stream; the reflector re-watches from its resourceVersion.
+                    debug!(error = %e, "watch connection ended");
+                }
+            }
+        }
+    }
+}
+
+/// An end of stream kube also treats as the end of the watch rather than an error: an
+/// unexpected EOF anywhere in the error's chain, or a chunked body cut short.
+fn ends_resumably(e: &kube::Error) -> bool {
+    let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    for _ in 0..16 {
+        let Some(err) = current else { break };
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            if matches!(io.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::TimedOut) {
+                return true;
+            }
+        }
+        if err.to_string().contains("unexpected EOF during chunk") {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
+
+/// The text between `{"type":"` and the type's closing quote, and what follows it, for the
+/// line layout the apiserver writes.
+const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
+const OBJECT_KEY: &[u8] = b"\",\"object\":";
+
+/// Decodes one watch event line.
+pub fn decode_line(line: &[u8]) -> Result<WatchEvent<RawObject>, kube::Error> {
+    if let Some(event) = fast_path(line) {
+        return Ok(event);
+    }
+    serde_json::from_slice::<WatchEvent<RawObject>>(line).map_err(|e| {
+        // A line that is not an event may be a Status (kube does the same).
+        match serde_json::from_slice::<Status>(line) {
+            Ok(status) if status.code != 0 => kube::Error::Api(status.boxed()),
+            _ => kube::Error::SerdeError(e),
+        }
+    })
+}
+
+/// `{"type":"ADDED|MODIFIED|DELETED","object":<object>}`: the object's text is copied out
+/// once, after a full check. `None` for anything else (the caller parses it with serde_json).
+fn fast_path(line: &[u8]) -> Option<WatchEvent<RawObject>> {
+    let rest = line.strip_prefix(TYPE_PREFIX)?;
+    let quote = memchr::memchr(b'"', rest)?;
+    let ty = &rest[..quote];
+    let object = rest[quote..].strip_prefix(OBJECT_KEY)?;
+    let end = object.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if object[end] != b'}' {
+        return None;
+    }
+    // The event's closing brace is not part of the object; `from_json` checks that what is
+    // left is exactly one object (a line with another key after `object` fails here).
+    let object = RawObject::from_json(Bytes::copy_from_slice(&object[..end])).ok()?;
+    match ty {
+        b"ADDED" => Some(WatchEvent::Added(object)),
+        b"MODIFIED" => Some(WatchEvent::Modified(object)),
+        b"DELETED" => Some(WatchEvent::Deleted(object)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn identity(ev: &WatchEvent<RawObject>) -> (&'static str, Option<String>, Vec<u8>) {
+        let (verb, o) = match ev {
+            WatchEvent::Added(o) => ("ADDED", o),
+            WatchEvent::Modified(o) => ("MODIFIED", o),
+            WatchEvent::Deleted(o) => ("DELETED", o),
+            other => panic!("{other:?}"),
+        };
+        (verb, o.metadata.uid.clone(), o.text().to_vec())
+    }
+
+    #[test]
+    fn the_fast_path_agrees_with_serde_json() {
+        let object = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"},"spec":{"s":"}\"{"}}"#;
+        for ty in ["ADDED", "MODIFIED", "DELETED"] {
+            let line = format!(r#"{{"type":"{ty}","object":{object}}}"#);
+            let fast = fast_path(line.as_bytes()).expect("fast path");
+            let slow: WatchEvent<RawObject> = serde_json::from_str(&line).unwrap();
+            assert_eq!(identity(&fast), identity(&slow));
+            assert_eq!(identity(&fast).2, object.as_bytes());
+            // Trailing whitespace / CR.
+            assert_eq!(identity(&fast_path(format!("{line} \r").as_bytes()).unwrap()), identity(&slow));
+        }
+    }
+
+    #[test]
+    fn other_lines_go_through_serde_json() {
+        let object = r#"{"metadata":{"name":"a","uid":"u","resourceVersion":"7"}}"#;
+        let spaced = format!(r#"{{ "type": "ADDED", "object": {object} }}"#);
+        let tabbed = format!("{{\"type\":\t\"ADDED\",\"object\":{object}}}");
+        for line in [&spaced, &tabbed] {
+            assert!(fast_path(line.as_bytes()).is_none(), "{line}");
+            assert_eq!(identity(&decode_line(line.as_bytes()).unwrap()).1.as_deref(), Some("u"));
+        }
+        let bookmark = r#"{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"12","annotations":{"k8s.io/initial-events-end":"true"}}}}"#;
+        assert!(fast_path(bookmark.as_bytes()).is_none());
+        match decode_line(bookmark.as_bytes()).unwrap() {
+            WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, "12"),
+            other => panic!("{other:?}"),
+        }
+        let gone = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 1 (5)","reason":"Expired","code":410}}"#;
+        match decode_line(gone.as_bytes()).unwrap() {
+            WatchEvent::Error(s) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn broken_lines_are_errors_not_events() {
+        let good = r#"{"type":"ADDED","object":{"metadata":{"name":"a","uid":"u","resourceVersion":"7"}}}"#;
+        // Cut at every position: never an event with a partial object.
+        for cut in 1..good.len() {
+            assert!(decode_line(&good.as_bytes()[..cut]).is_err(), "{}", &good[..cut]);
+        }
+        // A key after the object, garbage inside it, invalid UTF-8 inside it.
+        let extra = r#"{"type":"ADDED","object":{"metadata":{"uid":"u"}},"x":1}"#;
+        assert!(fast_path(extra.as_bytes()).is_none());
+        assert!(decode_line(br#"{"type":"ADDED","object":{"metadata":{"uid":"u"},"spec":[1,]}}"#).is_err());
+        assert!(decode_line(b"{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"uid\":\"\xff\"}}}").is_err());
+        // Valid JSON that is no event (kube would read it as an empty Status).
+        assert!(matches!(decode_line(br#"{"a":1}"#), Err(kube::Error::SerdeError(_))));
+        // A Status line (as some proxies send) becomes an API error.
+        let status = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"nope","reason":"Forbidden","code":403}"#;
+        match decode_line(status.as_bytes()) {
+            Err(kube::Error::Api(s)) => assert_eq!(s.code, 403),
+            other => panic!("{other:?}"),
+        }
+    }
+}
