@@ -68,6 +68,7 @@ pub struct Metrics {
     pub gone: Family<Stream, Counter>,
     pub resync_events: Family<Stream, Counter>,
     pub watch_restarts: Family<Stream, Counter>,
+    pub watch_objects_slow: Counter,
     pub sink_connected: Gauge,
     pub build_info: Family<Build, Gauge>,
 }
@@ -93,6 +94,7 @@ impl Metrics {
             gone: Family::default(),
             resync_events: Family::default(),
             watch_restarts: Family::default(),
+            watch_objects_slow: Counter::default(),
             sink_connected: Gauge::default(),
             build_info: Family::default(),
         };
@@ -142,6 +144,11 @@ impl Metrics {
             "watch_restarts",
             "Watches opened again (timeout, closed or idle connection, error)",
             m.watch_restarts.clone(),
+        );
+        r.register(
+            "watch_objects_slow_decoded",
+            "Watch events with an object (added, modified, deleted) not in the apiserver's usual line layout, decoded the slow way; 0 on a standard apiserver",
+            m.watch_objects_slow.clone(),
         );
         r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
         r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());

@@ -199,7 +199,7 @@ impl RawObject {
     /// it is passed on as it is), and reads its identity from the head.
     pub fn from_json(text: Bytes) -> Result<Self, ObjectError> {
         simdutf8::basic::from_utf8(&text).map_err(|_| ObjectError::Utf8)?;
-        crate::json_check::check(&text)?;
+        crate::json_check::check_structure(&text)?;
         if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ObjectError::NotAnObject);
         }
@@ -465,7 +465,8 @@ mod head_tests {
         assert_eq!(checked(br#"{"metadata":{"uid":"u"}}"#), Ok(()));
         assert_eq!(checked(b"[1,2]").unwrap_err(), "object text is not a JSON object");
         assert!(checked(br#"{"metadata":{"uid":"u"}},"x":1}"#).unwrap_err().contains("expected the end of the text"));
-        assert!(checked(br#"{"metadata":{"uid":"u"},"spec":{"a":[1,}}"#).unwrap_err().contains("expected a value"));
+        assert!(checked(br#"{"metadata":{"uid":"u"},"spec":{"a":[1}}"#).unwrap_err().contains("expected ']'"));
+        assert!(checked(br#"{"metadata":{"uid":"u"},"spec":{"a":"x}}"#).unwrap_err().contains("closing the string"));
         assert_eq!(checked(b"{\"a\":\"\xff\"}").unwrap_err(), "object text is not UTF-8");
         assert!(checked(br#"{"metadata":{"uid":1}}"#).unwrap_err().starts_with("object head:"));
     }

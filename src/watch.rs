@@ -138,13 +138,17 @@ pub fn decode_line(line: &[u8]) -> Result<WatchEvent<RawObject>, kube::Error> {
     if let Some(event) = fast_path(line) {
         return Ok(event);
     }
-    serde_json::from_slice::<WatchEvent<RawObject>>(line).map_err(|e| {
+    let event = serde_json::from_slice::<WatchEvent<RawObject>>(line).map_err(|e| {
         // A line that is not an event may be a Status (kube does the same).
         match serde_json::from_slice::<Status>(line) {
             Ok(status) if status.code != 0 => kube::Error::Api(status.boxed()),
             _ => kube::Error::SerdeError(e),
         }
-    })
+    })?;
+    if matches!(event, WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) {
+        crate::metrics::get().watch_objects_slow.inc();
+    }
+    Ok(event)
 }
 
 /// `{"type":"ADDED|MODIFIED|DELETED","object":<object>}`: the object's text is copied out

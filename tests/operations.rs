@@ -99,6 +99,9 @@ async fn metrics_count_what_happened() {
     assert_eq!(value(&s, "kubecast_sink_connected", &[]), 1.0);
     assert_eq!(value(&s, "kubecast_build_info", &[("version", env!("CARGO_PKG_VERSION"))]), 1.0);
     assert_eq!(value(&s, "kubecast_gone_total", &[]), 0.0);
+    // The real apiserver's watch lines all take the fast decoding path.
+    assert!(s.samples.iter().any(|x| x.metric == "kubecast_watch_objects_slow_decoded_total"));
+    assert_eq!(value(&s, "kubecast_watch_objects_slow_decoded_total", &[]), 0.0);
     assert!(value(&s, "kubecast_publish_latency_seconds_count", &[]) >= 4.0);
     assert!(value(&s, "kubecast_checkpoint_age_seconds", &[]) < 30.0);
     assert_eq!(k.events().len(), 4);
