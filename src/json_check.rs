@@ -45,17 +45,6 @@ struct Classes {
     bracket: u64,
 }
 
-#[cfg(target_arch = "x86_64")]
-fn classify(block: &[u8; 64]) -> Classes {
-    if std::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2 (checked just above; the check is cached by std).
-        unsafe { classify_avx2(block) }
-    } else {
-        // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 CPU has it.
-        unsafe { classify_sse2(block) }
-    }
-}
-
 /// [`classify_sse2`] 32 bytes at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
@@ -106,12 +95,7 @@ fn classify_sse2(block: &[u8; 64]) -> Classes {
     c
 }
 
-#[cfg(not(target_arch = "x86_64"))]
-fn classify(block: &[u8; 64]) -> Classes {
-    classify_portable(block)
-}
-
-/// [`classify`] a byte at a time (the tests check that both agree).
+/// The classification a byte at a time (the tests check that all implementations agree).
 #[cfg(any(test, not(target_arch = "x86_64")))]
 fn classify_portable(block: &[u8; 64]) -> Classes {
     let mut c = Classes::default();
@@ -158,13 +142,37 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// Checks that `text` is one whole JSON object or array (see the module's documentation for
 /// what that covers).
 pub fn check_structure(text: &[u8]) -> Result<(), SyntaxError> {
+    check_with(text, classify)
+}
+
+/// The fastest classification this CPU has.
+fn classify(block: &[u8; 64]) -> Classes {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above; std caches the answer).
+            unsafe { classify_avx2(block) }
+        } else {
+            // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 CPU has it.
+            unsafe { classify_sse2(block) }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    classify_portable(block)
+}
+
+/// Containers nested deeper than this are refused (kubecast then parses the text with
+/// serde_json instead): the bracket stack is a fixed 256 bits.
+const MAX_DEPTH: usize = 256;
+
+fn check_with(text: &[u8], classify: fn(&[u8; 64]) -> Classes) -> Result<(), SyntaxError> {
     let err = |offset: usize, expected: &'static str| SyntaxError { offset: offset.min(text.len()), expected };
     let first = text.iter().position(|b| !b.is_ascii_whitespace()).ok_or(err(text.len(), "'{' or '['"))?;
     if !matches!(text[first], b'{' | b'[') {
         return Err(err(first, "'{' or '['"));
     }
     // Open containers as a bit stack (1: object), 64 levels per word.
-    let mut stack: Vec<u64> = vec![0];
+    let mut stack = [0u64; MAX_DEPTH / 64];
     let mut depth = 0usize;
     // Where the outer value closed.
     let mut closed_at: Option<usize> = None;
@@ -223,25 +231,25 @@ pub fn check_structure(text: &[u8]) -> Result<(), SyntaxError> {
             if closed_at.is_some() {
                 return Err(err(at, "the end of the text"));
             }
-            let (word, bit) = (depth / 64, depth % 64);
-            match text[at] {
-                open @ (b'{' | b'[') => {
-                    if word == stack.len() {
-                        stack.push(0);
-                    }
-                    stack[word] = (stack[word] & !(1 << bit)) | (((open == b'{') as u64) << bit);
-                    depth += 1;
+            // `{` 0x7b, `}` 0x7d, `[` 0x5b, `]` 0x5d: bit 0x20 tells curly, bit 0x02 opening.
+            let byte = text.get(at).copied().unwrap_or(b' ');
+            let curly = byte & 0x20 != 0;
+            if byte & 0x02 != 0 {
+                if depth == MAX_DEPTH {
+                    return Err(err(at, "nesting at most 256 deep"));
                 }
-                close => {
-                    let Some(d) = depth.checked_sub(1) else { return Err(err(at, "'{' or '['")) };
-                    let object = stack[d / 64] >> (d % 64) & 1 == 1;
-                    if object != (close == b'}') {
-                        return Err(err(at, if object { "'}'" } else { "']'" }));
-                    }
-                    depth = d;
-                    if depth == 0 {
-                        closed_at = Some(at);
-                    }
+                let (word, shift) = (depth / 64, depth % 64);
+                stack[word] = (stack[word] & !(1 << shift)) | ((curly as u64) << shift);
+                depth += 1;
+            } else {
+                let Some(d) = depth.checked_sub(1) else { return Err(err(at, "'{' or '['")) };
+                let object = stack[d / 64] >> (d % 64) & 1 == 1;
+                if object != curly {
+                    return Err(err(at, if object { "'}'" } else { "']'" }));
+                }
+                depth = d;
+                if depth == 0 {
+                    closed_at = Some(at);
                 }
             }
         }
@@ -262,6 +270,19 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// [`check_structure`], after checking that every classification gives the same answer.
+    fn check(text: &[u8]) -> Result<(), SyntaxError> {
+        let portable = check_with(text, classify_portable);
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: SSE2 is part of the x86_64 baseline.
+            let sse2 = check_with(text, |block| unsafe { classify_sse2(block) });
+            assert_eq!(sse2, portable, "SSE2 vs portable: {:?}", String::from_utf8_lossy(text));
+        }
+        assert_eq!(check_structure(text), portable, "fastest vs portable");
+        portable
+    }
+
     fn serde_ok(text: &[u8]) -> bool {
         serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok()
     }
@@ -280,7 +301,7 @@ mod tests {
             "{\n\t\"a\" :\r\n [ ]\n}\n",
         ];
         for case in good {
-            assert_eq!(check_structure(case.as_bytes()), Ok(()), "{case:?}");
+            assert_eq!(check(case.as_bytes()), Ok(()), "{case:?}");
             assert!(serde_ok(case.as_bytes()), "{case:?}");
         }
         let bad: &[(&str, usize, &str)] = &[
@@ -304,17 +325,17 @@ mod tests {
             (r#"{"a":\"x"}"#, 5, "no backslash outside a string"),
         ];
         for (case, offset, expected) in bad {
-            let e = check_structure(case.as_bytes()).unwrap_err();
+            let e = check(case.as_bytes()).unwrap_err();
             assert_eq!((e.offset, e.expected), (*offset, *expected), "{case:?}");
             assert!(!serde_ok(case.as_bytes()), "{case:?}");
         }
         // Valid JSON, but not an object or array.
         for case in ["7", r#""s""#, "null"] {
-            assert_eq!(check_structure(case.as_bytes()).unwrap_err().expected, "'{' or '['");
+            assert_eq!(check(case.as_bytes()).unwrap_err().expected, "'{' or '['");
         }
         // The grammar between brackets is not checked (documented): serde_json rejects these.
         for case in [r#"{"a" 1}"#, "[1 2]", "{a:1}", "[tru]", "[01]", r#"{"a":1,}"#] {
-            assert_eq!(check_structure(case.as_bytes()), Ok(()), "{case:?}");
+            assert_eq!(check(case.as_bytes()), Ok(()), "{case:?}");
             assert!(!serde_ok(case.as_bytes()), "{case:?}");
         }
     }
@@ -326,24 +347,26 @@ mod tests {
             for pad in 0..140 {
                 let body = format!("{}{}\"", "a".repeat(pad), "\\".repeat(run));
                 for text in [format!("[\"{body}]"), format!("[\"{body},\"b\"]"), format!("{{\"k\":\"{body}}}")] {
-                    assert_eq!(check_structure(text.as_bytes()).is_ok(), serde_ok(text.as_bytes()), "{text:?}");
+                    assert_eq!(check(text.as_bytes()).is_ok(), serde_ok(text.as_bytes()), "{text:?}");
                 }
             }
         }
         // Brackets inside strings that cross a block edge.
         for pad in 50..140 {
             let text = format!("{{\"k\":\"{}{{[\",\"v\":[\"]}}\"]}}", "a".repeat(pad));
-            assert_eq!(check_structure(text.as_bytes()), Ok(()), "{text:?}");
+            assert_eq!(check(text.as_bytes()), Ok(()), "{text:?}");
         }
     }
 
     #[test]
     fn deep_nesting() {
-        for depth in [1, 63, 64, 65, 200] {
+        let too_deep = format!("{}{}", "[".repeat(257), "]".repeat(257));
+        assert_eq!(check(too_deep.as_bytes()).unwrap_err().expected, "nesting at most 256 deep");
+        for depth in [1, 63, 64, 65, 200, 256] {
             let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-            assert_eq!(check_structure(text.as_bytes()), Ok(()));
+            assert_eq!(check(text.as_bytes()), Ok(()));
             let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth - 1));
-            assert!(check_structure(text.as_bytes()).is_err());
+            assert!(check(text.as_bytes()).is_err());
         }
     }
 
@@ -386,24 +409,26 @@ mod tests {
             let mut full = [0u8; 64];
             full[..32].copy_from_slice(&block);
             full[32..].copy_from_slice(&more);
-            prop_assert_eq!(classify(&full), classify_portable(&full));
             #[cfg(target_arch = "x86_64")]
             {
-                // SAFETY: SSE2 is part of the x86_64 baseline.
+                // SAFETY: SSE2 is part of the x86_64 baseline; AVX2 is checked.
                 prop_assert_eq!(unsafe { classify_sse2(&full) }, classify_portable(&full));
+                if std::is_x86_feature_detected!("avx2") {
+                    prop_assert_eq!(unsafe { classify_avx2(&full) }, classify_portable(&full));
+                }
             }
         }
 
         #[test]
         fn valid_documents_are_accepted(text in document()) {
-            prop_assert_eq!(check_structure(&text), Ok(()));
+            prop_assert_eq!(check(&text), Ok(()));
         }
 
         #[test]
         fn cut_documents_are_rejected(text in document(), cut in any::<prop::sample::Index>()) {
             let end = text.iter().rposition(|b| !b.is_ascii_whitespace()).unwrap();
             let cut = cut.index(end);
-            prop_assert!(check_structure(&text[..=cut.min(end - 1)]).is_err());
+            prop_assert!(check(&text[..=cut.min(end - 1)]).is_err());
         }
 
         /// One structural byte inserted, deleted or replaced: the check agrees with serde_json.
@@ -422,7 +447,7 @@ mod tests {
                 _ if STRUCTURAL.contains(&text[at]) || STRUCTURAL.contains(&byte) => text[at] = byte,
                 _ => return Ok(()),
             }
-            prop_assert_eq!(check_structure(&text).is_ok(), serde_ok(&text), "{:?}", String::from_utf8_lossy(&text));
+            prop_assert_eq!(check(&text).is_ok(), serde_ok(&text), "{:?}", String::from_utf8_lossy(&text));
         }
 
         /// Any edits: whatever serde_json accepts, the check accepts.
@@ -443,7 +468,7 @@ mod tests {
                 }
             }
             if serde_ok(&text) && matches!(text.iter().find(|b| !b.is_ascii_whitespace()), Some(b'{' | b'[')) {
-                prop_assert_eq!(check_structure(&text), Ok(()), "{:?}", String::from_utf8_lossy(&text));
+                prop_assert_eq!(check(&text), Ok(()), "{:?}", String::from_utf8_lossy(&text));
             }
         }
     }
