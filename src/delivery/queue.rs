@@ -9,7 +9,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -60,8 +59,6 @@ pub struct Queue {
     pub metrics: Vec<Arc<StreamMetrics>>,
 }
 
-type InFlight = Pin<Box<dyn Future<Output = (String, Job, Result<(), DeliveryError>)> + Send>>;
-
 impl Queue {
     /// Runs until `rx` is closed and everything taken is delivered, or a fatal error.
     pub async fn run(&self, mut rx: mpsc::Receiver<Job>) -> Result<(), DeliveryError> {
@@ -69,14 +66,15 @@ impl Queue {
         let mut per_key: HashMap<String, VecDeque<Job>> = HashMap::new();
         // Keys whose first job may start now.
         let mut ready: VecDeque<String> = VecDeque::new();
-        let mut in_flight: FuturesUnordered<InFlight> = FuturesUnordered::new();
+        // One future type (no box per event): each lives in its FuturesUnordered task node.
+        let mut in_flight = FuturesUnordered::new();
         let mut held = 0usize;
         let mut input_open = true;
         loop {
             while in_flight.len() < self.max_in_flight {
                 let Some(key) = ready.pop_front() else { break };
                 let job = per_key.get_mut(&key).and_then(VecDeque::pop_front).expect("a ready key has a job");
-                in_flight.push(Box::pin(self.deliver(key, job)));
+                in_flight.push(self.deliver(key, job));
             }
             let g = crate::metrics::get();
             g.queue_depth.set(held as i64);
