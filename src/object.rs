@@ -19,8 +19,8 @@ pub struct RawObject {
     pub metadata: ObjectMeta,
     /// Whether the JSON has `apiVersion` and `kind` (list items do not).
     pub has_type: bool,
-    /// The whole object as JSON text: valid UTF-8, exactly one JSON object (every constructor
-    /// checks it).
+    /// The whole object as JSON text: valid UTF-8, one whole JSON object (every constructor
+    /// checks it: serde_json in full, or `json_check`'s structural check for watch lines).
     text: Bytes,
 }
 
@@ -195,8 +195,9 @@ pub enum ObjectError {
 }
 
 impl RawObject {
-    /// Takes `text` as the object if it is UTF-8 and exactly one JSON object (checked in full:
-    /// it is passed on as it is), and reads its identity from the head.
+    /// Takes `text` as the object if it is UTF-8 and one whole JSON object (the structural check
+    /// of [`crate::json_check`]: it is passed on as it is), and reads its identity from the
+    /// head.
     pub fn from_json(text: Bytes) -> Result<Self, ObjectError> {
         simdutf8::basic::from_utf8(&text).map_err(|_| ObjectError::Utf8)?;
         crate::json_check::check_structure(&text)?;
