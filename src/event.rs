@@ -21,6 +21,7 @@ use kube::api::ApiResource;
 
 use crate::config::Verb;
 use crate::object::RawObject;
+use crate::sink::template::TypeFields;
 
 /// Where an event's change was observed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +141,7 @@ pub struct EventSource {
     source: String,
     type_prefix: String,
     resource: ApiResource,
+    type_fields: Arc<TypeFields>,
 }
 
 impl EventSource {
@@ -150,7 +152,17 @@ impl EventSource {
             format!("k8s://{cluster}/apis/{}/{}/{}", ar.group, ar.version, ar.plural)
         };
         let group = if ar.group.is_empty() { "core" } else { ar.group.as_str() };
-        Self { source, type_prefix: format!("io.kubecast.{group}.{}.", ar.kind), resource: ar.clone() }
+        Self {
+            source,
+            type_prefix: format!("io.kubecast.{group}.{}.", ar.kind),
+            resource: ar.clone(),
+            type_fields: Arc::new(TypeFields::new(cluster, ar)),
+        }
+    }
+
+    /// The destination template fields of the resource type.
+    pub fn type_fields(&self) -> &Arc<TypeFields> {
+        &self.type_fields
     }
 
     pub fn source(&self) -> &str {

@@ -45,29 +45,32 @@ struct Classes {
     bracket: u64,
 }
 
-/// [`classify_sse2`] 32 bytes at a time.
+/// [`classify_sse2`] 32 bytes at a time. Not inlined: inlined into the check's loop, LLVM
+/// turns the bracket mask into 64 separate bits and back (hundreds of instructions a block).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
+#[inline(never)]
 fn classify_avx2(block: &[u8; 64]) -> Classes {
     use std::arch::x86_64::*;
-    let mut c = Classes::default();
     let space = _mm256_set1_epi8(0x20);
     let (quote, backslash) = (_mm256_set1_epi8(b'"' as i8), _mm256_set1_epi8(b'\\' as i8));
     let (open, close) = (_mm256_set1_epi8(b'{' as i8), _mm256_set1_epi8(b'}' as i8));
-    for k in 0..2 {
-        // SAFETY: bytes 32k..32k+32 are inside the 64-byte block; unaligned loads are allowed.
-        let x = unsafe { _mm256_loadu_si256(block.as_ptr().add(32 * k).cast()) };
-        let shift = 32 * k;
-        let folded = _mm256_or_si256(x, space);
-        let bracket = _mm256_or_si256(_mm256_cmpeq_epi8(folded, open), _mm256_cmpeq_epi8(folded, close));
-        let low = _mm256_cmpeq_epi8(_mm256_max_epu8(x, space), space);
-        c.quote |= (_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, quote)) as u32 as u64) << shift;
-        c.backslash |= (_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, backslash)) as u32 as u64) << shift;
-        c.low |= (_mm256_movemask_epi8(low) as u32 as u64) << shift;
-        c.space |= (_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, space)) as u32 as u64) << shift;
-        c.bracket |= (_mm256_movemask_epi8(bracket) as u32 as u64) << shift;
+    // SAFETY: both 32-byte halves are inside the 64-byte block; unaligned loads are allowed.
+    let (lo, hi) =
+        unsafe { (_mm256_loadu_si256(block.as_ptr().cast()), _mm256_loadu_si256(block.as_ptr().add(32).cast())) };
+    // One mask of 64 bits from the two halves' byte masks.
+    let mask = |f: &dyn Fn(__m256i) -> __m256i| {
+        (_mm256_movemask_epi8(f(lo)) as u32 as u64) | ((_mm256_movemask_epi8(f(hi)) as u32 as u64) << 32)
+    };
+    Classes {
+        quote: mask(&|x| _mm256_cmpeq_epi8(x, quote)),
+        backslash: mask(&|x| _mm256_cmpeq_epi8(x, backslash)),
+        low: mask(&|x| _mm256_cmpeq_epi8(_mm256_max_epu8(x, space), space)),
+        space: mask(&|x| _mm256_cmpeq_epi8(x, space)),
+        // `[` and `]` differ from `{` and `}` only in bit 0x20.
+        bracket: mask(&|x| _mm256_cmpeq_epi8(_mm256_or_si256(x, space), open))
+            | mask(&|x| _mm256_cmpeq_epi8(_mm256_or_si256(x, space), close)),
     }
-    c
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -142,37 +145,60 @@ fn prefix_xor(mut x: u64) -> u64 {
 /// Checks that `text` is one whole JSON object or array (see the module's documentation for
 /// what that covers).
 pub fn check_structure(text: &[u8]) -> Result<(), SyntaxError> {
-    check_with(text, classify)
-}
-
-/// The fastest classification this CPU has.
-fn classify(block: &[u8; 64]) -> Classes {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above; std caches the answer).
-            unsafe { classify_avx2(block) }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq") {
+            // SAFETY: the CPU has AVX2 and PCLMULQDQ (checked just above; std caches the answer).
+            unsafe { check_avx2(text) }
         } else {
-            // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 CPU has it.
-            unsafe { classify_sse2(block) }
+            check_with(
+                text,
+                |block| {
+                    // SAFETY: SSE2 is part of the x86_64 baseline: every x86_64 CPU has it.
+                    unsafe { classify_sse2(block) }
+                },
+                prefix_xor,
+            )
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    classify_portable(block)
+    check_with(text, classify_portable, prefix_xor)
+}
+
+/// The whole check compiled for AVX2 (the classification inlined into the loop) and with the
+/// carry-less multiplication for the prefix XOR.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,pclmulqdq")]
+fn check_avx2(text: &[u8]) -> Result<(), SyntaxError> {
+    check_with(text, |block| classify_avx2(block), |x| prefix_xor_clmul(x))
+}
+
+/// [`prefix_xor`] in one instruction: a carry-less multiplication by all ones.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq")]
+fn prefix_xor_clmul(x: u64) -> u64 {
+    use std::arch::x86_64::*;
+    let product = _mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0);
+    _mm_cvtsi128_si64(product) as u64
 }
 
 /// Containers nested deeper than this are refused (kubecast then parses the text with
 /// serde_json instead): the bracket stack is a fixed 256 bits.
 const MAX_DEPTH: usize = 256;
 
-fn check_with(text: &[u8], classify: fn(&[u8; 64]) -> Classes) -> Result<(), SyntaxError> {
+#[inline(always)]
+fn check_with(
+    text: &[u8],
+    classify: impl Fn(&[u8; 64]) -> Classes,
+    prefix_xor: impl Fn(u64) -> u64,
+) -> Result<(), SyntaxError> {
     let err = |offset: usize, expected: &'static str| SyntaxError { offset: offset.min(text.len()), expected };
     let first = text.iter().position(|b| !b.is_ascii_whitespace()).ok_or(err(text.len(), "'{' or '['"))?;
     if !matches!(text[first], b'{' | b'[') {
         return Err(err(first, "'{' or '['"));
     }
-    // Open containers as a bit stack (1: object), 64 levels per word.
-    let mut stack = [0u64; MAX_DEPTH / 64];
+    // The opening bracket of each open container.
+    let mut stack = [0u8; MAX_DEPTH];
     let mut depth = 0usize;
     // Where the outer value closed.
     let mut closed_at: Option<usize> = None;
@@ -231,21 +257,19 @@ fn check_with(text: &[u8], classify: fn(&[u8; 64]) -> Classes) -> Result<(), Syn
             if closed_at.is_some() {
                 return Err(err(at, "the end of the text"));
             }
-            // `{` 0x7b, `}` 0x7d, `[` 0x5b, `]` 0x5d: bit 0x20 tells curly, bit 0x02 opening.
+            // `{` 0x7b, `}` 0x7d, `[` 0x5b, `]` 0x5d: bit 0x02 tells opening; a closing bracket
+            // is its opening one plus 2.
             let byte = text.get(at).copied().unwrap_or(b' ');
-            let curly = byte & 0x20 != 0;
             if byte & 0x02 != 0 {
                 if depth == MAX_DEPTH {
                     return Err(err(at, "nesting at most 256 deep"));
                 }
-                let (word, shift) = (depth / 64, depth % 64);
-                stack[word] = (stack[word] & !(1 << shift)) | ((curly as u64) << shift);
+                stack[depth] = byte;
                 depth += 1;
             } else {
                 let Some(d) = depth.checked_sub(1) else { return Err(err(at, "'{' or '['")) };
-                let object = stack[d / 64] >> (d % 64) & 1 == 1;
-                if object != curly {
-                    return Err(err(at, if object { "'}'" } else { "']'" }));
+                if stack[d].wrapping_add(2) != byte {
+                    return Err(err(at, if stack[d] == b'{' { "'}'" } else { "']'" }));
                 }
                 depth = d;
                 if depth == 0 {
@@ -272,11 +296,11 @@ mod tests {
 
     /// [`check_structure`], after checking that every classification gives the same answer.
     fn check(text: &[u8]) -> Result<(), SyntaxError> {
-        let portable = check_with(text, classify_portable);
+        let portable = check_with(text, classify_portable, prefix_xor);
         #[cfg(target_arch = "x86_64")]
         {
             // SAFETY: SSE2 is part of the x86_64 baseline.
-            let sse2 = check_with(text, |block| unsafe { classify_sse2(block) });
+            let sse2 = check_with(text, |block| unsafe { classify_sse2(block) }, prefix_xor);
             assert_eq!(sse2, portable, "SSE2 vs portable: {:?}", String::from_utf8_lossy(text));
         }
         assert_eq!(check_structure(text), portable, "fastest vs portable");
@@ -417,6 +441,20 @@ mod tests {
                     prop_assert_eq!(unsafe { classify_avx2(&full) }, classify_portable(&full));
                 }
             }
+        }
+
+        #[test]
+        fn both_prefix_xors_agree(x in any::<u64>()) {
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("pclmulqdq") {
+                // SAFETY: the CPU has PCLMULQDQ (checked).
+                prop_assert_eq!(unsafe { prefix_xor_clmul(x) }, prefix_xor(x));
+            }
+            let naive = (0..64).fold((0u64, 0u64), |(acc, parity), k| {
+                let parity = parity ^ (x >> k & 1);
+                (acc | parity << k, parity)
+            }).0;
+            prop_assert_eq!(prefix_xor(x), naive);
         }
 
         #[test]

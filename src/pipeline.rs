@@ -41,13 +41,15 @@ use crate::kubeapi::{self, ClientError};
 use crate::metrics::{StreamMetrics, verb_index};
 use crate::reflector::{Item, Reflector, ReflectorError, StreamSpec};
 use crate::shaping::Shaper;
-use crate::sink::template::{Fields, Template};
+use crate::sink::template::{Fields, Template, TypeFields};
 use crate::sink::{Outbound, Sink, SinkError};
 use crate::telemetry::EventTrace;
 use cloudevents::AttributesReader as _;
 
 /// Capacity of each channel between stages (reflectors -> shaping -> queue).
 const CHANNEL_CAPACITY: usize = 1024;
+/// Items the shaping stage takes from its channel at once.
+const SHAPE_BATCH: usize = 128;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -159,7 +161,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     ));
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
     let shapers: Vec<Shaper> = config.resources.iter().map(Shaper::new).collect();
-    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, shapers, config.cluster.name.clone()));
+    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, shapers));
     let d = &config.delivery;
     let retry = RetryPolicy::new(d);
     let queue = Queue {
@@ -299,17 +301,10 @@ async fn nats_sample_subjects(config: &Config, client: &kube::Client, n: &crate:
             vec![String::new()]
         };
         let route = rc.subject.as_deref().map(|t| Template::parse(t).expect("validated"));
+        let of_type = Arc::new(TypeFields::new(&config.cluster.name, &ar));
         for namespace in namespaces {
             for verb in &rc.events {
-                let fields = Fields {
-                    cluster: config.cluster.name.clone(),
-                    group: if ar.group.is_empty() { "core".into() } else { ar.group.clone() },
-                    version: ar.version.clone(),
-                    kind: ar.kind.clone(),
-                    resource: ar.plural.clone(),
-                    namespace: namespace.clone(),
-                    verb: verb.as_str().into(),
-                };
+                let fields = Fields { of_type: of_type.clone(), namespace: namespace.clone(), verb: verb.as_str() };
                 let subject = n.subject_for(route.as_ref(), &fields);
                 if !out.contains(&subject) {
                     out.push(subject);
@@ -362,17 +357,21 @@ async fn shape_all(
     tx: mpsc::Sender<Job>,
     streams: Vec<Stream>,
     mut shapers: Vec<Shaper>,
-    cluster: String,
 ) {
-    while let Some(item) = rx.recv().await {
-        let job = shape(item, &streams, &mut shapers, &cluster);
-        if tx.send(job).await.is_err() {
-            return;
+    // Items are taken in batches (one wake-up of this task per batch, and the permits of a
+    // whole batch returned to the reflectors at once).
+    let mut items = Vec::with_capacity(SHAPE_BATCH);
+    while rx.recv_many(&mut items, SHAPE_BATCH).await > 0 {
+        for item in items.drain(..) {
+            let job = shape(item, &streams, &mut shapers);
+            if tx.send(job).await.is_err() {
+                return;
+            }
         }
     }
 }
 
-fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) -> Job {
+fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper]) -> Job {
     let stream = &streams[item.stream];
     let shaper = &mut shapers[stream.resource_index];
     let m = &stream.metrics;
@@ -386,20 +385,15 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], cluster: &str) 
             return None;
         }
         let verb = change.verb;
-        let ar = change.source.api_resource();
         let fields = Fields {
-            cluster: cluster.to_string(),
-            group: if ar.group.is_empty() { "core".into() } else { ar.group.clone() },
-            version: ar.version.clone(),
-            kind: ar.kind.clone(),
-            resource: ar.plural.clone(),
+            of_type: change.source.type_fields().clone(),
             namespace: change.object.metadata.namespace.clone().unwrap_or_default(),
-            verb: verb.as_str().to_string(),
+            verb: verb.as_str(),
         };
         let key = change.object.metadata.uid.clone().unwrap_or_default();
         let started = std::time::SystemTime::now();
         let mut trace = EventTrace::start(
-            &fields.kind,
+            &fields.of_type.kind,
             verb.as_str(),
             &fields.namespace,
             change.object.metadata.name.as_deref().unwrap_or_default(),

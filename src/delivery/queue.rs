@@ -62,19 +62,24 @@ pub struct Queue {
 impl Queue {
     /// Runs until `rx` is closed and everything taken is delivered, or a fatal error.
     pub async fn run(&self, mut rx: mpsc::Receiver<Job>) -> Result<(), DeliveryError> {
-        // Jobs waiting per key; a key is present while it has a job waiting or in flight.
-        let mut per_key: HashMap<String, VecDeque<Job>> = HashMap::new();
-        // Keys whose first job may start now.
-        let mut ready: VecDeque<String> = VecDeque::new();
+        // Per key with a job ready or in flight: the key's jobs waiting behind that one.
+        let mut per_key: HashMap<String, VecDeque<Job>, foldhash::fast::RandomState> = HashMap::default();
+        // Jobs that may start now (each the only one of its key ready or in flight).
+        let mut ready: VecDeque<Job> = VecDeque::new();
         // One future type (no box per event): each lives in its FuturesUnordered task node.
         let mut in_flight = FuturesUnordered::new();
         let mut held = 0usize;
         let mut input_open = true;
+        // Jobs are taken in batches: once the queue is full, it takes more only when a batch
+        // fits again. One wake-up of the stage before it (and of its thread) then moves a
+        // batch instead of one job each time an event is acknowledged.
+        let batch_size = refill_batch(self.capacity);
+        let mut accepting = true;
+        let mut batch: Vec<Job> = Vec::with_capacity(batch_size);
         loop {
             while in_flight.len() < self.max_in_flight {
-                let Some(key) = ready.pop_front() else { break };
-                let job = per_key.get_mut(&key).and_then(VecDeque::pop_front).expect("a ready key has a job");
-                in_flight.push(self.deliver(key, job));
+                let Some(job) = ready.pop_front() else { break };
+                in_flight.push(self.deliver(job));
             }
             let g = crate::metrics::get();
             g.queue_depth.set(held as i64);
@@ -82,34 +87,43 @@ impl Queue {
             if !input_open && held == 0 {
                 return Ok(());
             }
+            if held >= self.capacity {
+                accepting = false;
+            } else if held + batch_size <= self.capacity {
+                accepting = true;
+            }
             tokio::select! {
-                Some((key, job, result)) = in_flight.next() => {
+                Some((job, result)) = in_flight.next() => {
                     held -= 1;
                     result?;
+                    let key = &job.msg.as_ref().expect("sent jobs have events").key;
+                    match per_key.get_mut(key).and_then(VecDeque::pop_front) {
+                        Some(next) => ready.push_back(next),
+                        None => {
+                            per_key.remove(key);
+                        }
+                    }
                     self.ack(job);
-                    match per_key.get(&key) {
-                        Some(rest) if !rest.is_empty() => ready.push_back(key),
-                        _ => {
-                            per_key.remove(&key);
+                }
+                taken = rx.recv_many(&mut batch, self.capacity - held), if input_open && accepting => {
+                    if taken == 0 {
+                        input_open = false;
+                    }
+                    for job in batch.drain(..) {
+                        let Some(msg) = &job.msg else {
+                            self.ack(job);
+                            continue;
+                        };
+                        held += 1;
+                        match per_key.get_mut(&msg.key) {
+                            Some(waiting) => waiting.push_back(job),
+                            None => {
+                                per_key.insert(msg.key.clone(), VecDeque::new());
+                                ready.push_back(job);
+                            }
                         }
                     }
                 }
-                job = rx.recv(), if input_open && held < self.capacity => match job {
-                    None => input_open = false,
-                    Some(job) => match job.msg.as_ref().map(|m| m.key.clone()) {
-                        None => self.ack(job),
-                        Some(key) => {
-                            held += 1;
-                            match per_key.get_mut(&key) {
-                                Some(waiting) => waiting.push_back(job),
-                                None => {
-                                    per_key.insert(key.clone(), VecDeque::from([job]));
-                                    ready.push_back(key);
-                                }
-                            }
-                        }
-                    },
-                },
             }
         }
     }
@@ -121,11 +135,7 @@ impl Queue {
         self.checkpoints[job.stream].ack(job.seq, job.effect);
     }
 
-    fn deliver(
-        &self,
-        key: String,
-        job: Job,
-    ) -> impl Future<Output = (String, Job, Result<(), DeliveryError>)> + Send + 'static {
+    fn deliver(&self, job: Job) -> impl Future<Output = (Job, Result<(), DeliveryError>)> + Send + 'static {
         let (sink, limiter, retry, dead_letter) =
             (self.sink.clone(), self.limiter.clone(), self.retry, self.dead_letter.clone());
         let metrics = self.metrics[job.stream].clone();
@@ -140,9 +150,15 @@ impl Queue {
                 (&metrics, verb_index(job.verb)),
             )
             .await;
-            (key, job, result)
+            (job, result)
         }
     }
+}
+
+/// How many free places the queue waits for, once full, before it takes jobs again: an
+/// eighth of its capacity, at most 256.
+fn refill_batch(capacity: usize) -> usize {
+    (capacity / 8).clamp(1, 256)
 }
 
 /// Rate limit, send, retry retriable failures with backoff, dead-letter permanent ones.
@@ -155,7 +171,8 @@ async fn send_with_retries(
     msg: &Outbound,
     (metrics, verb): (&StreamMetrics, usize),
 ) -> Result<(), DeliveryError> {
-    let mut backoff = retry.backoff();
+    // Built at the first retry (most events need none).
+    let mut backoff = None;
     let mut attempt = 0u32;
     let mut send_span = None;
     let result = loop {
@@ -199,7 +216,10 @@ async fn send_with_retries(
                 if attempt == 1 || attempt % 10 == 0 {
                     warn!(event_id = %msg.event.id(), trace_id = %crate::telemetry::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }
-                tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
+                tokio::time::sleep(
+                    backoff.get_or_insert_with(|| retry.backoff()).next().unwrap_or(std::time::Duration::from_secs(30)),
+                )
+                .await;
             }
         }
     };

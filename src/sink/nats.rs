@@ -32,7 +32,7 @@ use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
-use super::template::{Fields, Template};
+use super::template::{Fields, Template, TypeFields};
 use super::{Outbound, SendError, SinkError, secret};
 use crate::event::CloudEvent;
 
@@ -270,13 +270,15 @@ impl NatsConfig {
 pub fn subject_template(s: &str) -> Result<Template, String> {
     let t = Template::parse(s)?;
     let sample = Fields {
-        cluster: "c".into(),
-        group: "g".into(),
-        version: "v".into(),
-        kind: "K".into(),
-        resource: "r".into(),
+        of_type: std::sync::Arc::new(TypeFields {
+            cluster: "c".into(),
+            group: "g".into(),
+            version: "v".into(),
+            kind: "K".into(),
+            resource: "r".into(),
+        }),
         namespace: String::new(),
-        verb: "added".into(),
+        verb: "added",
     };
     let rendered = t.render(&sample, clean_subject_token);
     if !is_valid_subject(&rendered) {

@@ -1,10 +1,22 @@
 //! Destination templates (`topic`, later NATS `subject`): text with `{field}` placeholders.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The fields a destination template can use, for one event.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Fields {
+    /// Those of its resource type, shared by all its events.
+    pub of_type: Arc<TypeFields>,
+    /// Empty for cluster-scoped objects.
+    pub namespace: String,
+    /// `added`, `modified` or `deleted`.
+    pub verb: &'static str,
+}
+
+/// The fields of one resource type (in one cluster).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TypeFields {
     pub cluster: String,
     /// `core` for the core group.
     pub group: String,
@@ -12,9 +24,18 @@ pub struct Fields {
     pub kind: String,
     /// The plural resource name, e.g. `configmaps`.
     pub resource: String,
-    /// Empty for cluster-scoped objects.
-    pub namespace: String,
-    pub verb: String,
+}
+
+impl TypeFields {
+    pub fn new(cluster: &str, ar: &kube::api::ApiResource) -> Self {
+        Self {
+            cluster: cluster.to_string(),
+            group: if ar.group.is_empty() { "core".into() } else { ar.group.clone() },
+            version: ar.version.clone(),
+            kind: ar.kind.clone(),
+            resource: ar.plural.clone(),
+        }
+    }
 }
 
 pub const FIELD_NAMES: [&str; 7] = ["cluster", "group", "version", "kind", "resource", "namespace", "verb"];
@@ -70,14 +91,15 @@ impl Template {
             match p {
                 Part::Text(t) => out.push_str(t),
                 Part::Field(i) => {
+                    let t = &*f.of_type;
                     let v = match i {
-                        0 => &f.cluster,
-                        1 => &f.group,
-                        2 => &f.version,
-                        3 => &f.kind,
-                        4 => &f.resource,
+                        0 => &t.cluster,
+                        1 => &t.group,
+                        2 => &t.version,
+                        3 => &t.kind,
+                        4 => &t.resource,
                         5 => &f.namespace,
-                        _ => &f.verb,
+                        _ => f.verb,
                     };
                     out.push_str(&clean(v));
                 }
@@ -114,10 +136,13 @@ mod tests {
     fn parse_and_render() {
         let t = Template::parse("kubecast.{cluster}.{group}.{resource}-{verb}").unwrap();
         let f = Fields {
-            cluster: "c".into(),
-            group: "apps".into(),
-            resource: "deployments".into(),
-            verb: "added".into(),
+            of_type: Arc::new(TypeFields {
+                cluster: "c".into(),
+                group: "apps".into(),
+                resource: "deployments".into(),
+                ..Default::default()
+            }),
+            verb: "added",
             ..Default::default()
         };
         assert_eq!(t.render(&f, std::borrow::Cow::Borrowed), "kubecast.c.apps.deployments-added");
