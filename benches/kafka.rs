@@ -1,8 +1,8 @@
 //! Delivery throughput: kubecast's delivery path vs a raw rdkafka producer, same payloads, same
 //! broker, same run. Prints figures; asserts nothing about time.
 //!
-//!     cargo bench --bench kafka                   # 50000 events over 5000 objects
-//!     cargo bench --bench kafka -- --events 20000
+//!     cargo bench --bench kafka                   # 50000 events over 5000 objects, 5 rounds
+//!     cargo bench --bench kafka -- --events 20000 --rounds 5
 //!
 //! The stream is "recorded" deterministically: ~10 KB Pods (labels, annotations,
 //! managedFields, five containers with env, status), each object modified several times.
@@ -46,44 +46,66 @@ async fn main() {
     );
 
     let run = std::process::id();
+    let rounds = common::rounds_arg();
     let partitions = common::arg("--partitions").map_or(6, |p| p.parse().expect("--partitions N"));
-    let topics = [
-        format!("bench.warmup.{run}"),
-        format!("bench.raw.{run}"),
-        format!("bench.rawh.{run}"),
-        format!("bench.kubecast.{run}"),
-    ];
+    // Fresh topics for each run, all created before anything is measured.
+    let topic = |side: &str, round: usize| format!("bench.{side}.{run}.{round}");
+    let mut topics = vec![format!("bench.warmup.{run}")];
+    for r in 0..rounds {
+        topics.extend(["raw", "rawh", "kubecast"].map(|side| topic(side, r)));
+    }
     create_topics(&brokers, &topics, partitions).await;
-    println!("topics with {partitions} partitions");
+    println!(
+        "topics with {partitions} partitions; {rounds} rounds, the raw producer first in odd ones, kubecast in even ones"
+    );
     // Warm the broker (connections, log segments) outside the measurements.
     raw(&brokers, &topics[0], &recording[..1000.min(events)], false).await;
+    delete_topics(&brokers, &topics[..1]).await;
 
-    let (raw_figures, raw_headers) = if common::side("raw") {
-        (raw(&brokers, &topics[1], &recording, false).await, raw(&brokers, &topics[2], &recording, true).await)
-    } else {
-        ((f64::NAN, f64::NAN), (f64::NAN, f64::NAN))
-    };
-    if !common::side("kubecast") {
-        return common::report(events, "raw rdkafka producer", raw_figures, &[]);
+    let nan = (f64::NAN, f64::NAN);
+    let mut results = Vec::new();
+    for r in 0..rounds {
+        println!("round {}/{rounds}", r + 1);
+        let kubecast_side = async {
+            if !common::side("kubecast") {
+                return nan;
+            }
+            let sink = Sink::Kafka(
+                kubecast::sink::KafkaSink::new(&KafkaConfig {
+                    brokers: brokers.to_string(),
+                    topic: topic("kubecast", r),
+                    mode: Default::default(),
+                    tombstones: false,
+                    properties: extra_properties().into_iter().collect(),
+                })
+                .unwrap(),
+            );
+            common::kubecast(sink, &recording, &ar).await
+        };
+        let raw_side = async {
+            if !common::side("raw") {
+                return (nan, nan);
+            }
+            (
+                raw(&brokers, &topic("raw", r), &recording, false).await,
+                raw(&brokers, &topic("rawh", r), &recording, true).await,
+            )
+        };
+        let ((raw_figures, raw_headers), kc) = if r % 2 == 0 {
+            let raw = raw_side.await;
+            (raw, kubecast_side.await)
+        } else {
+            let kc = kubecast_side.await;
+            (raw_side.await, kc)
+        };
+        // Each round writes ~1 GB per 50k events: freed at once.
+        delete_topics(&brokers, &["raw", "rawh", "kubecast"].map(|side| topic(side, r))).await;
+        results.push(common::Round {
+            raw: raw_figures,
+            runs: vec![("raw producer + kubecast's CloudEvents headers", raw_headers), ("kubecast delivery", kc)],
+        });
     }
-    let sink = Sink::Kafka(
-        kubecast::sink::KafkaSink::new(&KafkaConfig {
-            brokers: brokers.to_string(),
-            topic: topics[3].clone(),
-            mode: Default::default(),
-            tombstones: false,
-            properties: extra_properties().into_iter().collect(),
-        })
-        .unwrap(),
-    );
-    let kc = common::kubecast(sink, &recording, &ar).await;
-    common::report(events, "raw rdkafka producer", raw_figures, &[("kubecast delivery", kc)]);
-    println!(
-        "raw producer with kubecast's CloudEvents headers: {:.0} events/s, {:.3} CPU s per 10k events; kubecast / that: {:.2}x",
-        events as f64 / raw_headers.0,
-        raw_headers.1 / events as f64 * 10_000.0,
-        raw_headers.0 / kc.0
-    );
+    common::report(events, "raw rdkafka producer", &results);
 }
 
 /// Creates `topics` with `partitions` partitions each, before anything is measured.
@@ -94,6 +116,16 @@ async fn create_topics(brokers: &str, topics: &[String], partitions: i32) {
         topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1))).collect();
     for result in admin.create_topics(&new, &AdminOptions::new()).await.expect("create topics") {
         result.expect("topic created");
+    }
+}
+
+/// Deletes `topics` (their data: the broker frees the disk space).
+async fn delete_topics(brokers: &str, topics: &[String]) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin client");
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    for result in admin.delete_topics(&names, &AdminOptions::new()).await.expect("delete topics") {
+        result.expect("topic deleted");
     }
 }
 

@@ -2,7 +2,7 @@
 //! JetStream publisher with async acks, same payloads, same server, same run. Prints figures;
 //! asserts nothing about time.
 //!
-//!     cargo bench --bench nats                   # 20000 events over 5000 objects
+//!     cargo bench --bench nats                   # 20000 events over 5000 objects, 5 rounds
 //!     cargo bench --bench nats -- --events 50000
 //!
 //! The recorded stream is the one of the Kafka benchmark (~10 KB Pods). The raw side publishes
@@ -48,26 +48,44 @@ async fn main() {
     // Warm up (connections, stream files) outside the measurements.
     let warmup = format!("bench{run}w");
     with_stream(&js, &warmup, 1000.min(events), raw(&js, &format!("{warmup}.x"), &recording[..1000.min(events)])).await;
-    let s = format!("bench{run}r");
-    let raw_figures = if common::side("raw") {
-        with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &recording)).await
-    } else {
-        (f64::NAN, f64::NAN)
-    };
-    if !common::side("kubecast") {
-        return common::report(events, "raw async-nats JetStream", raw_figures, &[]);
+    let rounds = common::rounds_arg();
+    println!("{rounds} rounds, the raw publisher first in odd ones, kubecast in even ones");
+    let nan = (f64::NAN, f64::NAN);
+    let mut results = Vec::new();
+    for r in 0..rounds {
+        println!("round {}/{rounds}", r + 1);
+        let raw_side = async {
+            if !common::side("raw") {
+                return nan;
+            }
+            let s = format!("bench{run}r{r}");
+            with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &recording)).await
+        };
+        let kubecast_side = async {
+            if !common::side("kubecast") {
+                return (nan, nan);
+            }
+            let s = format!("bench{run}b{r}");
+            let binary =
+                with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Binary, &recording)).await;
+            let s = format!("bench{run}s{r}");
+            let structured =
+                with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Structured, &recording)).await;
+            (binary, structured)
+        };
+        let (raw_figures, (binary, structured)) = if r % 2 == 0 {
+            let raw = raw_side.await;
+            (raw, kubecast_side.await)
+        } else {
+            let kc = kubecast_side.await;
+            (raw_side.await, kc)
+        };
+        results.push(common::Round {
+            raw: raw_figures,
+            runs: vec![("kubecast (binary mode)", binary), ("kubecast (structured mode)", structured)],
+        });
     }
-    let s = format!("bench{run}b");
-    let binary = with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Binary, &recording)).await;
-    let s = format!("bench{run}s");
-    let structured =
-        with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Structured, &recording)).await;
-    common::report(
-        events,
-        "raw async-nats JetStream",
-        raw_figures,
-        &[("kubecast (binary mode)", binary), ("kubecast (structured mode)", structured)],
-    );
+    common::report(events, "raw async-nats JetStream", &results);
 }
 
 /// Runs `work` with a fresh file-backed stream `name` (subjects `name.>`), checks that it

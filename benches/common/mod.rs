@@ -78,19 +78,63 @@ pub fn object(line: &[u8]) -> RawObject {
     }
 }
 
-/// The figures table and the goals.
-pub fn report(events: usize, raw_name: &str, raw: (f64, f64), runs: &[(&str, (f64, f64))]) {
+/// `--rounds N` (default 5): how many times each side runs, alternating.
+pub fn rounds_arg() -> usize {
+    arg("--rounds").map(|v| v.parse().expect("--rounds N")).unwrap_or(5).max(1)
+}
+
+/// The figures of one round: the raw client's (wall seconds, CPU seconds) and those of each
+/// other run, by name.
+pub struct Round {
+    pub raw: (f64, f64),
+    pub runs: Vec<(&'static str, (f64, f64))>,
+}
+
+/// The figures of each round, then each run's medians over the rounds and its throughput
+/// ratio to the raw client of the same round (the machine's speed drifts between rounds: a
+/// ratio compares runs that ran next to each other). Goals are printed for runs named
+/// `kubecast…`.
+pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
     let per10k = |cpu: f64| cpu / events as f64 * 10_000.0;
-    println!();
-    println!("{:<30} {:>12} {:>10} {:>22}", "", "events/s", "wall s", "CPU s per 10k events");
-    println!("{:<30} {:>12.0} {:>10.2} {:>22.3}", raw_name, events as f64 / raw.0, raw.0, per10k(raw.1));
-    for (name, (s, cpu)) in runs {
-        println!("{:<30} {:>12.0} {:>10.2} {:>22.3}", name, events as f64 / s, s, per10k(*cpu));
+    let line = |name: &str, (s, cpu): (f64, f64)| {
+        println!("{name:<44} {:>10.0} {:>8.2} {:>22.3}", events as f64 / s, s, per10k(cpu))
+    };
+    for (i, round) in rounds.iter().enumerate() {
+        println!();
+        println!(
+            "{:<44} {:>10} {:>8} {:>22}",
+            format!("round {}/{}", i + 1, rounds.len()),
+            "events/s",
+            "wall s",
+            "CPU s per 10k events"
+        );
+        line(raw_name, round.raw);
+        for (name, figures) in &round.runs {
+            line(name, *figures);
+        }
     }
     println!();
-    for (name, (s, cpu)) in runs {
-        println!("{name} / raw throughput: {:.2}x (goal >= 0.7x)", raw.0 / s);
-        println!("{name} events per CPU second: {:.0} (goal >= 20000 on one core)", events as f64 / cpu.max(1e-9));
+    println!("medians over {} rounds:", rounds.len());
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    };
+    let raw_eps = median(rounds.iter().map(|r| events as f64 / r.raw.0).collect());
+    println!("{raw_name}: {raw_eps:.0} events/s");
+    for (k, (name, _)) in rounds[0].runs.iter().enumerate() {
+        let ratios: Vec<f64> = rounds.iter().map(|r| r.raw.0 / r.runs[k].1.0).collect();
+        let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+        let eps = median(rounds.iter().map(|r| events as f64 / r.runs[k].1.0).collect());
+        let per_cpu = median(rounds.iter().map(|r| events as f64 / r.runs[k].1.1.max(1e-9)).collect());
+        let goal = |g: &str| if name.starts_with("kubecast") { format!(" (goal {g})") } else { String::new() };
+        println!(
+            "{name}: {eps:.0} events/s; / raw throughput: {:.2}x{} (rounds: {}); events per CPU second: {per_cpu:.0}{}",
+            median(ratios.clone()),
+            goal(">= 0.7x"),
+            each.join(", "),
+            goal(">= 20000 on one core"),
+        );
     }
 }
 
