@@ -2,7 +2,9 @@
 //! event per key is in flight, so an object's events are never reordered, also under retries,
 //! while different objects go out concurrently (up to `max_in_flight`). At most
 //! `queue_capacity` events are held; when that is reached the loop stops taking jobs, the
-//! bounded channels behind it fill, and the reflectors stop reading their watches.
+//! bounded channels behind it fill, and the reflectors stop reading their watches. A full
+//! queue takes jobs again once a batch fits (an eighth of its capacity, at most 256), so the
+//! stages before it wake once per batch rather than once per acknowledged event.
 //!
 //! Each job is acknowledged to its stream's watermark once its event was accepted by the sink
 //! or written to the dead letter, or at once when it carries no event.
