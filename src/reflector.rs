@@ -39,6 +39,10 @@
 //!   stayed healthy for 2 minutes), then goes to `then`. 429 and refused connections re-watch
 //!   the same rv: no relist.
 //! * Resource versions are opaque: compared for equality only.
+//! * Readiness (`/readyz`): a stream is synced after a list, or, resumed from a checkpoint,
+//!   once its first watch delivered an event or bookmark or ran 1 s without an error. An
+//!   accepted watch can still answer 410 as its first event (an expired checkpoint): the
+//!   stream stays not ready until the relist-diff that follows is done.
 //!
 //! Every emitted [`Item`] carries a stream-local sequence number and its effect on the
 //! checkpoint; see `ack.rs` for how acknowledgements turn into checkpoints. Fatal (the stream
@@ -73,6 +77,10 @@ const IDLE_MARGIN: Duration = Duration::from_secs(5);
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 /// A watch that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(120);
+/// A stream resumed from its checkpoint counts as synced once its first watch delivered an
+/// event or a bookmark, or stayed this long without an error: the 410 of an expired
+/// resourceVersion can come as the first event of an accepted watch.
+const RESUME_CONFIRM: Duration = Duration::from_secs(1);
 
 /// What one stream watches.
 #[derive(Clone)]
@@ -147,6 +155,9 @@ pub struct Reflector {
     resume: Option<String>,
     /// Whether a list of this stream was ever completed (here or before a restart).
     listed_once: bool,
+    /// Marked synced (ready) in this process: after a list, or a resumed watch that proved
+    /// its resourceVersion valid.
+    synced: bool,
     state: State,
     /// Whether the apiserver accepts streaming lists: unknown until tried.
     streaming: Option<bool>,
@@ -202,6 +213,7 @@ impl Reflector {
             index,
             resume,
             listed_once,
+            synced: false,
             state: State::Discover,
             streaming,
             seq: 0,
@@ -274,6 +286,7 @@ impl Reflector {
                     )));
                 }
                 error!(stream = %self.spec.name, resource = %format!("resources[{}]", self.spec.resource_index), "{message}; waiting for it to be served (missing_kind = \"wait\")");
+                self.synced = false;
                 self.spec.health.set_phase(self.spec.id, StreamPhase::WaitingForKind);
                 return Ok(State::WaitForKind);
             }
@@ -414,7 +427,7 @@ impl Reflector {
             "list complete; watching"
         );
         self.listed_once = true;
-        self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);
+        self.set_synced();
         self.emit(Effect::Listed { rv, objects: self.index.clone() }, None).await
     }
 
@@ -542,7 +555,7 @@ impl Reflector {
                     if self.finish_diff(diff, rv.clone(), started, "streaming").await.is_err() {
                         return Ok(Err(Closed));
                     }
-                    return self.consume_watch(stream, rv, Instant::now()).await;
+                    return self.consume_watch(stream, rv, Instant::now(), None).await;
                 }
                 WatchEvent::Bookmark(_) => {}
                 WatchEvent::Deleted(_) => {
@@ -571,12 +584,7 @@ impl Reflector {
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
         let stream = match crate::watch::start(&self.target().api, &wp, &rv).await {
-            Ok(s) => {
-                if self.listed_once {
-                    self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);
-                }
-                s
-            }
+            Ok(s) => s,
             Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 warn!(stream = %self.spec.name, "the kind is no longer served; rediscovering");
@@ -587,7 +595,10 @@ impl Reflector {
                 return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
             }
         };
-        self.consume_watch(std::pin::pin!(stream), rv, started).await
+        // Resumed (a checkpoint or an earlier list) but not yet synced in this process: ready
+        // once this watch proves the resourceVersion still valid.
+        let confirm = (self.listed_once && !self.synced).then(|| tokio::time::Instant::now() + RESUME_CONFIRM);
+        self.consume_watch(std::pin::pin!(stream), rv, started, confirm).await
     }
 
     /// Reads watch events until the stream ends, fails, goes idle or says 410.
@@ -596,13 +607,33 @@ impl Reflector {
         mut stream: std::pin::Pin<&mut S>,
         mut rv: String,
         started: Instant,
+        mut confirm: Option<tokio::time::Instant>,
     ) -> Result<Result<State, Closed>, ReflectorError>
     where
         S: futures::Stream<Item = Result<WatchEvent<RawObject>, kube::Error>>,
     {
         let idle = self.idle_timeout();
         loop {
-            let event = match tokio::time::timeout(idle, stream.try_next()).await {
+            let next = tokio::time::timeout(idle, stream.try_next());
+            let next = match confirm {
+                Some(at) => tokio::select! {
+                    next = next => next,
+                    _ = tokio::time::sleep_until(at) => {
+                        // No error within RESUME_CONFIRM: the resourceVersion is valid.
+                        confirm = None;
+                        self.set_synced();
+                        continue;
+                    }
+                },
+                None => next.await,
+            };
+            if let Ok(Ok(Some(ev))) = &next {
+                if confirm.is_some() && !matches!(ev, WatchEvent::Error(_)) {
+                    confirm = None;
+                    self.set_synced();
+                }
+            }
+            let event = match next {
                 Err(_) => {
                     debug!(stream = %self.spec.name, "watch idle; re-watching");
                     break;
@@ -658,6 +689,12 @@ impl Reflector {
             self.backoff = new_backoff();
         }
         Ok(Ok(State::Watching { rv }))
+    }
+
+    /// Ready, as far as this stream goes (`/readyz`).
+    fn set_synced(&mut self) {
+        self.synced = true;
+        self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);
     }
 
     fn relist_after_gone(&self, rv: &str) -> State {

@@ -247,3 +247,55 @@ async fn a_quiet_filtered_stream_keeps_its_checkpoint_fresh_through_bookmarks() 
     assert!(kc.events().is_empty());
     assert!(kc.stop().success());
 }
+
+/// A stream resumed from a checkpoint whose resourceVersion expired is not ready before its
+/// relist-diff is done, although its watch is accepted: on this apiserver (watch cache off)
+/// the 410 comes as the first event of the watch. One apiserver request per second makes the
+/// relist wait about a second for its turn: the window in which `/readyz` must stay 503.
+#[tokio::test]
+async fn a_resumed_stream_is_not_ready_until_its_relist_after_410_is_done() {
+    let kubeconfig = common::compacting_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "ready").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    create_cms(&client, &ns.name, &names("c", 0..5)).await;
+
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let config = cm_config(&ns.name, "qps = 1\nburst = 1");
+    let mut kc = Kubecast::start_with_checkpoint(&config, "flush_interval_ms = 100", &env);
+    kc.wait_for("snapshot", WAIT, |e| e.len() == 5).await;
+    kc.wait_ready(200).await;
+    assert!(kc.stop().success());
+    let rv = checkpoint_rv(&kc).expect("a checkpoint");
+    let n_before = kc.events().len();
+    let created = create_cms(&client, &ns.name, &names("n", 0..1)).await;
+    wait_until_expired(&api, &rv).await;
+
+    let lists_before = kc.log().matches("list complete").count();
+    kc.restart(&env);
+    let deadline = Instant::now() + WAIT;
+    let mut not_ready_seen = 0;
+    loop {
+        let (status, body) = kc.admin_get("/readyz").await;
+        let listed = kc.log().matches("list complete").count() > lists_before;
+        if status == 200 {
+            assert!(listed, "ready before the relist after 410 was done:\n{}", kc.log());
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        not_ready_seen += 1;
+        assert!(Instant::now() < deadline, "never ready again\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(not_ready_seen > 0, "not ready while resyncing");
+    let log = kc.log();
+    assert!(log.contains("410 Gone"), "the relist was caused by the expired resourceVersion\n{log}");
+    let events = kc.wait_for("the resync", WAIT, |e| e.len() > n_before).await;
+    let (uid, rv) = &created["n00"];
+    assert!(
+        events[n_before..].iter().any(|e| e["id"] == format!("{uid}:{rv}:added").as_str() && e["origin"] == "resync"),
+        "{}",
+        common::pretty(&events[n_before..])
+    );
+    assert!(kc.stop().success());
+}
