@@ -151,12 +151,12 @@ impl EventSource {
         } else {
             format!("k8s://{cluster}/apis/{}/{}/{}", ar.group, ar.version, ar.plural)
         };
-        let group = if ar.group.is_empty() { "core" } else { ar.group.as_str() };
+        let type_fields = Arc::new(TypeFields::new(cluster, ar));
         Self {
             source,
-            type_prefix: format!("io.kubecast.{group}.{}.", ar.kind),
+            type_prefix: format!("io.kubecast.{}.{}.", type_fields.group, ar.kind),
             resource: ar.clone(),
-            type_fields: Arc::new(TypeFields::new(cluster, ar)),
+            type_fields,
         }
     }
 
