@@ -91,13 +91,7 @@ async fn main() {
                 raw(&brokers, &topic("rawh", r), &recording, true).await,
             )
         };
-        let ((raw_figures, raw_headers), kc) = if r % 2 == 0 {
-            let raw = raw_side.await;
-            (raw, kubecast_side.await)
-        } else {
-            let kc = kubecast_side.await;
-            (raw_side.await, kc)
-        };
+        let ((raw_figures, raw_headers), kc) = common::in_turn(r, raw_side, kubecast_side).await;
         // Each round writes ~1 GB per 50k events: freed at once.
         delete_topics(&brokers, &["raw", "rawh", "kubecast"].map(|side| topic(side, r))).await;
         results.push(common::Round {

@@ -73,13 +73,7 @@ async fn main() {
                 with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Structured, &recording)).await;
             (binary, structured)
         };
-        let (raw_figures, (binary, structured)) = if r % 2 == 0 {
-            let raw = raw_side.await;
-            (raw, kubecast_side.await)
-        } else {
-            let kc = kubecast_side.await;
-            (raw_side.await, kc)
-        };
+        let (raw_figures, (binary, structured)) = common::in_turn(r, raw_side, kubecast_side).await;
         results.push(common::Round {
             raw: raw_figures,
             runs: vec![("kubecast (binary mode)", binary), ("kubecast (structured mode)", structured)],

@@ -83,6 +83,19 @@ pub fn rounds_arg() -> usize {
     arg("--rounds").map(|v| v.parse().expect("--rounds N")).unwrap_or(5).max(1)
 }
 
+/// Runs both sides of round `round` one after the other: the raw side first in odd rounds
+/// (counting from 1), kubecast's first in even ones, so that neither always runs on the
+/// machine the other left behind.
+pub async fn in_turn<R, K>(round: usize, raw: impl Future<Output = R>, kubecast: impl Future<Output = K>) -> (R, K) {
+    if round % 2 == 0 {
+        let r = raw.await;
+        (r, kubecast.await)
+    } else {
+        let k = kubecast.await;
+        (raw.await, k)
+    }
+}
+
 /// The figures of one round: the raw client's (wall seconds, CPU seconds) and those of each
 /// other run, by name.
 pub struct Round {
