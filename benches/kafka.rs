@@ -39,7 +39,7 @@ async fn main() {
     let brokers = common::env_value(&env, "KAFKA_BROKERS");
     let ar = common::pods();
     let recording = record(events);
-    let bytes: usize = recording.iter().map(Vec::len).sum();
+    let bytes: usize = recording.iter().map(bytes::Bytes::len).sum();
     println!(
         "recorded stream: {events} events over {OBJECTS} Pods, {:.1} KB per object on average",
         bytes as f64 / events as f64 / 1024.0
@@ -141,7 +141,7 @@ type Delivery<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()
 
 /// A raw idempotent producer sending each object's JSON with its uid as key, 1000 in flight;
 /// with `headers`, also the CloudEvents headers kubecast sends with it (made in advance).
-async fn raw(brokers: &str, topic: &str, recording: &[Vec<u8>], headers: bool) -> (f64, f64) {
+async fn raw(brokers: &str, topic: &str, recording: &[bytes::Bytes], headers: bool) -> (f64, f64) {
     let mut cc = ClientConfig::new();
     cc.set("bootstrap.servers", brokers).set("enable.idempotence", "true").set("acks", "all");
     for (k, v) in extra_properties() {

@@ -4,6 +4,7 @@
 //!
 //!     cargo bench --bench nats                   # 20000 events over 5000 objects, 5 rounds
 //!     cargo bench --bench nats -- --events 50000
+//!     cargo bench --bench nats -- --side kubecast --mode structured   # one run kind only
 //!
 //! The recorded stream is the one of the Kafka benchmark (~10 KB Pods). The raw side publishes
 //! each object's JSON with `Nats-Msg-Id` and awaits the PubAcks, 1000 in flight. kubecast runs
@@ -36,7 +37,7 @@ async fn main() {
     let env = common::env_up("nats");
     let url = common::env_value(&env, "NATS_URL");
     let recording = record(events);
-    let bytes: usize = recording.iter().map(Vec::len).sum();
+    let bytes: usize = recording.iter().map(bytes::Bytes::len).sum();
     println!(
         "recorded stream: {events} events over {OBJECTS} Pods, {:.1} KB per object on average",
         bytes as f64 / events as f64 / 1024.0
@@ -65,12 +66,18 @@ async fn main() {
             if !common::side("kubecast") {
                 return (nan, nan);
             }
-            let s = format!("bench{run}b{r}");
-            let binary =
-                with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Binary, &recording)).await;
-            let s = format!("bench{run}s{r}");
-            let structured =
-                with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Structured, &recording)).await;
+            let binary = if common::arg("--mode").is_none_or(|m| m == "binary") {
+                let s = format!("bench{run}b{r}");
+                with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Binary, &recording)).await
+            } else {
+                nan
+            };
+            let structured = if common::arg("--mode").is_none_or(|m| m == "structured") {
+                let s = format!("bench{run}s{r}");
+                with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Structured, &recording)).await
+            } else {
+                nan
+            };
             (binary, structured)
         };
         let (raw_figures, (binary, structured)) = common::in_turn(r, raw_side, kubecast_side).await;
@@ -103,7 +110,7 @@ async fn with_stream<T>(js: &jetstream::Context, name: &str, expected: usize, wo
 
 /// Publishes each object's JSON with its id as `Nats-Msg-Id`, awaiting the PubAcks, 1000 in
 /// flight.
-async fn raw(js: &jetstream::Context, subject: &str, recording: &[Vec<u8>]) -> (f64, f64) {
+async fn raw(js: &jetstream::Context, subject: &str, recording: &[bytes::Bytes]) -> (f64, f64) {
     let payloads: Vec<(String, bytes::Bytes)> = common::payloads(recording)
         .into_iter()
         .enumerate()
@@ -134,7 +141,12 @@ async fn raw(js: &jetstream::Context, subject: &str, recording: &[Vec<u8>]) -> (
     figures
 }
 
-async fn kubecast_run(url: &str, subject: &str, mode: Mode, recording: &std::sync::Arc<Vec<Vec<u8>>>) -> (f64, f64) {
+async fn kubecast_run(
+    url: &str,
+    subject: &str,
+    mode: Mode,
+    recording: &std::sync::Arc<Vec<bytes::Bytes>>,
+) -> (f64, f64) {
     let cfg: NatsConfig = serde_json::from_value(serde_json::json!({
         "url": url,
         "subject": subject,

@@ -134,8 +134,9 @@ fn ends_resumably(e: &kube::Error) -> bool {
 const TYPE_PREFIX: &[u8] = b"{\"type\":\"";
 const OBJECT_KEY: &[u8] = b"\",\"object\":";
 
-/// Decodes one watch event line.
-pub fn decode_line(line: &[u8]) -> Result<WatchEvent<RawObject>, kube::Error> {
+/// Decodes one watch event line. On the fast path the object's text is a slice of `line`
+/// (shared, not copied): it keeps the line's buffer alive until the event is delivered.
+pub fn decode_line(line: &Bytes) -> Result<WatchEvent<RawObject>, kube::Error> {
     if let Some(event) = fast_path(line) {
         return Ok(event);
     }
@@ -152,9 +153,10 @@ pub fn decode_line(line: &[u8]) -> Result<WatchEvent<RawObject>, kube::Error> {
     Ok(event)
 }
 
-/// `{"type":"ADDED|MODIFIED|DELETED","object":<object>}`: the object's text is copied out
-/// once, after a full check. `None` for anything else (the caller parses it with serde_json).
-fn fast_path(line: &[u8]) -> Option<WatchEvent<RawObject>> {
+/// `{"type":"ADDED|MODIFIED|DELETED","object":<object>}`: the object's text is cut out of the
+/// line (a slice sharing its buffer), after a full check. `None` for anything else (the
+/// caller parses it with serde_json).
+fn fast_path(line: &Bytes) -> Option<WatchEvent<RawObject>> {
     let rest = line.strip_prefix(TYPE_PREFIX)?;
     let quote = memchr::memchr(b'"', rest)?;
     let ty = &rest[..quote];
@@ -165,7 +167,8 @@ fn fast_path(line: &[u8]) -> Option<WatchEvent<RawObject>> {
     }
     // The event's closing brace is not part of the object; `from_json` checks that what is
     // left is exactly one object (a line with another key after `object` fails here).
-    let object = RawObject::from_json(Bytes::copy_from_slice(&object[..end])).ok()?;
+    let start = line.len() - object.len();
+    let object = RawObject::from_json(line.slice(start..start + end)).ok()?;
     match ty {
         b"ADDED" => Some(WatchEvent::Added(object)),
         b"MODIFIED" => Some(WatchEvent::Modified(object)),
@@ -193,12 +196,22 @@ mod tests {
         let object = r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"7"},"spec":{"s":"}\"{"}}"#;
         for ty in ["ADDED", "MODIFIED", "DELETED"] {
             let line = format!(r#"{{"type":"{ty}","object":{object}}}"#);
-            let fast = fast_path(line.as_bytes()).expect("fast path");
+            let bytes = Bytes::from(line.clone());
+            let fast = fast_path(&bytes).expect("fast path");
+            let text = identity(&fast).2;
+            let at = bytes.len() - 1 - object.len();
+            match &fast {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                    assert_eq!(o.text().as_ptr(), bytes[at..].as_ptr(), "the object shares the line's buffer")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert_eq!(text, object.as_bytes());
             let slow: WatchEvent<RawObject> = serde_json::from_str(&line).unwrap();
             assert_eq!(identity(&fast), identity(&slow));
             assert_eq!(identity(&fast).2, object.as_bytes());
             // Trailing whitespace / CR.
-            assert_eq!(identity(&fast_path(format!("{line} \r").as_bytes()).unwrap()), identity(&slow));
+            assert_eq!(identity(&fast_path(&Bytes::from(format!("{line} \r"))).unwrap()), identity(&slow));
         }
     }
 
@@ -208,17 +221,17 @@ mod tests {
         let spaced = format!(r#"{{ "type": "ADDED", "object": {object} }}"#);
         let tabbed = format!("{{\"type\":\t\"ADDED\",\"object\":{object}}}");
         for line in [&spaced, &tabbed] {
-            assert!(fast_path(line.as_bytes()).is_none(), "{line}");
-            assert_eq!(identity(&decode_line(line.as_bytes()).unwrap()).1.as_deref(), Some("u"));
+            assert!(fast_path(&Bytes::from(line.clone())).is_none(), "{line}");
+            assert_eq!(identity(&decode_line(&Bytes::from(line.clone())).unwrap()).1.as_deref(), Some("u"));
         }
         let bookmark = r#"{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"12","annotations":{"k8s.io/initial-events-end":"true"}}}}"#;
-        assert!(fast_path(bookmark.as_bytes()).is_none());
-        match decode_line(bookmark.as_bytes()).unwrap() {
+        assert!(fast_path(&Bytes::from(bookmark)).is_none());
+        match decode_line(&Bytes::from(bookmark)).unwrap() {
             WatchEvent::Bookmark(b) => assert_eq!(b.metadata.resource_version, "12"),
             other => panic!("{other:?}"),
         }
         let gone = r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 1 (5)","reason":"Expired","code":410}}"#;
-        match decode_line(gone.as_bytes()).unwrap() {
+        match decode_line(&Bytes::from(gone)).unwrap() {
             WatchEvent::Error(s) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
             other => panic!("{other:?}"),
         }
@@ -229,18 +242,19 @@ mod tests {
         let good = r#"{"type":"ADDED","object":{"metadata":{"name":"a","uid":"u","resourceVersion":"7"}}}"#;
         // Cut at every position: never an event with a partial object.
         for cut in 1..good.len() {
-            assert!(decode_line(&good.as_bytes()[..cut]).is_err(), "{}", &good[..cut]);
+            assert!(decode_line(&Bytes::copy_from_slice(&good.as_bytes()[..cut])).is_err(), "{}", &good[..cut]);
         }
         // A key after the object, garbage inside it, invalid UTF-8 inside it.
         let extra = r#"{"type":"ADDED","object":{"metadata":{"uid":"u"}},"x":1}"#;
-        assert!(fast_path(extra.as_bytes()).is_none());
-        assert!(decode_line(br#"{"type":"ADDED","object":{"metadata":{"uid":"u"},"spec":[1,]}}"#).is_err());
-        assert!(decode_line(b"{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"uid\":\"\xff\"}}}").is_err());
+        assert!(fast_path(&Bytes::from(extra)).is_none());
+        let line = |text: &'static [u8]| Bytes::from_static(text);
+        assert!(decode_line(&line(br#"{"type":"ADDED","object":{"metadata":{"uid":"u"},"spec":[1,]}}"#)).is_err());
+        assert!(decode_line(&line(b"{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"uid\":\"\xff\"}}}")).is_err());
         // Valid JSON that is no event (kube would read it as an empty Status).
-        assert!(matches!(decode_line(br#"{"a":1}"#), Err(kube::Error::SerdeError(_))));
+        assert!(matches!(decode_line(&line(br#"{"a":1}"#)), Err(kube::Error::SerdeError(_))));
         // A Status line (as some proxies send) becomes an API error.
         let status = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"nope","reason":"Forbidden","code":403}"#;
-        match decode_line(status.as_bytes()) {
+        match decode_line(&Bytes::from(status)) {
             Err(kube::Error::Api(s)) => assert_eq!(s.code, 403),
             other => panic!("{other:?}"),
         }

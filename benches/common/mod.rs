@@ -60,7 +60,7 @@ pub fn pods() -> ApiResource {
 
 /// What a raw client is handed for each recorded event, ready to send: the object's uid (the
 /// key) and its JSON text (the payload). kubecast's side gets the watch lines instead.
-pub fn payloads(recording: &[Vec<u8>]) -> Vec<(String, Vec<u8>)> {
+pub fn payloads(recording: &[bytes::Bytes]) -> Vec<(String, Vec<u8>)> {
     recording
         .iter()
         .map(|line| {
@@ -71,7 +71,7 @@ pub fn payloads(recording: &[Vec<u8>]) -> Vec<(String, Vec<u8>)> {
 }
 
 /// The object of a recorded watch line, decoded as the reflector does.
-pub fn object(line: &[u8]) -> RawObject {
+pub fn object(line: &bytes::Bytes) -> RawObject {
     match kubecast::watch::decode_line(line).unwrap() {
         WatchEvent::Modified(o) => o,
         other => panic!("{other:?}"),
@@ -153,13 +153,13 @@ pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
 
 /// `events` changes of `OBJECTS` Pods, ~8 KB each, as the lines a watch delivers them in
 /// (`{"type":"MODIFIED","object":{...}}`, compact, in the apiserver's key order).
-pub fn record(events: usize) -> Arc<Vec<Vec<u8>>> {
+pub fn record(events: usize) -> Arc<Vec<bytes::Bytes>> {
     // On a thread of its own, so that a profile tells it from the measured work.
     let record = move || {
         (0..events)
             .map(|i| {
                 let pod = as_apiserver_writes_it(&pod(i % OBJECTS, i / OBJECTS), 1000 + i);
-                [&b"{\"type\":\"MODIFIED\",\"object\":"[..], pod.as_bytes(), b"}"].concat()
+                bytes::Bytes::from([&b"{\"type\":\"MODIFIED\",\"object\":"[..], pod.as_bytes(), b"}"].concat())
             })
             .collect()
     };
@@ -214,7 +214,7 @@ fn pod(n: usize, generation: usize) -> Value {
 }
 
 /// The same stream through kubecast's delivery path into `sink`.
-pub async fn kubecast(sink: Sink, recording: &Arc<Vec<Vec<u8>>>, ar: &ApiResource) -> (f64, f64) {
+pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiResource) -> (f64, f64) {
     let sink = Arc::new(sink);
     let dir = tempfile::tempdir().unwrap();
     let store = CheckpointStore::open(dir.path()).unwrap();
@@ -263,7 +263,7 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<Vec<u8>>>, ar: &ApiResourc
 /// One recorded change as the queue gets it: what the reflector does with a watch line
 /// (`watch::decode_line`: the object's text checked and kept, its identity decoded), then what
 /// `pipeline::shape` does (the CloudEvent and the destination fields).
-pub fn job(seq: u64, line: &[u8], source: &Arc<EventSource>) -> Job {
+pub fn job(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Job {
     let object = object(line);
     let uid = object.metadata.uid.clone().unwrap();
     let rv = object.metadata.resource_version.clone().unwrap();
