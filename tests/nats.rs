@@ -544,32 +544,13 @@ done"#
         ),
     )
     .unwrap();
-    let log = std::fs::File::create(dir.path().join("nats.log")).unwrap();
-    let mut server = ChildGuard(
-        std::process::Command::new(common::env_var("NATS_SERVER"))
-            .args(["-c", &format!("{d}/server.conf")])
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("nats-server"),
-    );
     let url = format!("tls://127.0.0.1:{port}");
-    let test_client = {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let opts = async_nats::ConnectOptions::with_token(token.into())
-                .add_root_certificates(dir.path().join("ca.crt"))
-                .add_client_certificate(dir.path().join("client.crt"), dir.path().join("client.key"));
-            match opts.connect(&url).await {
-                Ok(c) => break c,
-                Err(e) => {
-                    assert!(server.0.try_wait().unwrap().is_none(), "nats-server exited: {e}");
-                    assert!(Instant::now() < deadline, "TLS nats-server never accepted the test client: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        }
-    };
+    let (server, test_client) = own_server(dir.path(), &url, || async {
+        async_nats::ConnectOptions::with_token(token.into())
+            .add_root_certificates(dir.path().join("ca.crt"))
+            .add_client_certificate(dir.path().join("client.crt"), dir.path().join("client.key"))
+    })
+    .await;
     let js = jetstream::new(test_client);
     js.create_stream(stream::Config { name: "TLS".into(), subjects: vec!["tls.>".into()], ..Default::default() })
         .await
@@ -602,6 +583,101 @@ done"#
     assert_eq!(k.stop().code(), Some(0), "{}", k.log());
     assert!(!k.log().contains(token), "the token leaked");
     drop(server);
+}
+
+/// A credentials file (NATS operator mode: the user's JWT and nkey seed in one file, as `nsc`
+/// writes it). A user of an account the server does not know is refused: a clear error, not
+/// ready, nothing sent. The right file delivers. No seed or JWT of either file is logged.
+#[tokio::test]
+async fn credentials_file_refused_then_accepted() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "nats-creds").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let made = std::process::Command::new(common::env_var("NATS_CREDS_TOOL")).arg(&d).status().unwrap().success();
+    assert!(made, "nats-creds (tests/env/nats/creds)");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    std::fs::write(
+        dir.path().join("server.conf"),
+        format!("listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{d}/js\" }}\ninclude ./operator.conf\n"),
+    )
+    .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    let user = dir.path().join("user.creds");
+    let (server, test_client) = own_server(dir.path(), &url, || {
+        let user = user.clone();
+        async move { async_nats::ConnectOptions::with_credentials_file(user).await.expect("user.creds") }
+    })
+    .await;
+    let js = jetstream::new(test_client);
+    js.create_stream(stream::Config { name: "CREDS".into(), subjects: vec!["creds.>".into()], ..Default::default() })
+        .await
+        .unwrap();
+
+    let cluster = cluster_name();
+    let config = format!("[cluster]\nname = \"{cluster}\"\n{}", cm_resource(&ns.name, ""));
+    let sink = |file: &str| {
+        format!(
+            "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{url}\"\nsubject = \"creds.{{cluster}}.{{resource}}\"\ncredentials_file = \"{d}/{file}\"\n[delivery]\nshutdown_timeout_seconds = 5\n"
+        )
+    };
+    create_cm(&client, &ns.name, "signed", json!({}), json!({})).await;
+    let mut k = Kubecast::start_with_sink(&config, &sink("stranger.creds"), "", &[]);
+    k.wait_log("NATS refused the credentials", 1).await;
+    k.wait_ready_reason("sink").await;
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    let mut s = js.get_stream("CREDS").await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 0, "nothing sent as the unknown account's user");
+    assert!(k.checkpoints().iter().all(|c| c["objects"].as_array().is_none_or(|o| o.is_empty())));
+
+    k.set_sink(&sink("user.creds"));
+    k.restart(&[]);
+    k.wait_ready(200).await;
+    let msgs = read_stream(&js, "CREDS", "the event, as the account's user", |m| !m.is_empty()).await;
+    assert_eq!(msgs[0].subject, format!("creds.{cluster}.configmaps"));
+    assert_eq!(msgs[0].json()["subject"], format!("{}/signed", ns.name));
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    let log = k.log();
+    for file in ["user.creds", "stranger.creds"] {
+        let text = std::fs::read_to_string(dir.path().join(file)).unwrap();
+        for secret in text.lines().filter(|l| l.starts_with("SU") || l.starts_with("eyJ")) {
+            assert!(!log.contains(secret), "a line of {file} leaked into the log");
+        }
+    }
+    drop(server);
+}
+
+/// Starts a nats-server of the test's own on `dir/server.conf` (log in `dir/nats.log`) and
+/// returns it with a client connected with `options` (made anew for each attempt) once the
+/// server accepts it.
+async fn own_server<F, O>(dir: &std::path::Path, url: &str, options: F) -> (ChildGuard, async_nats::Client)
+where
+    F: Fn() -> O,
+    O: std::future::Future<Output = async_nats::ConnectOptions>,
+{
+    let log = std::fs::File::create(dir.join("nats.log")).unwrap();
+    let mut server = ChildGuard(
+        std::process::Command::new(common::env_var("NATS_SERVER"))
+            .arg("-c")
+            .arg(dir.join("server.conf"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("nats-server"),
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match options().await.connect(url).await {
+            Ok(c) => return (server, c),
+            Err(e) => {
+                let log = std::fs::read_to_string(dir.join("nats.log")).unwrap_or_default();
+                assert!(server.0.try_wait().unwrap().is_none(), "nats-server exited: {e}\n{log}");
+                assert!(Instant::now() < deadline, "nats-server never accepted the test client: {e}\n{log}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
 }
 
 struct ChildGuard(std::process::Child);

@@ -217,6 +217,20 @@ ensure_nats() {
 		unlock_build 8
 	fi
 	link_bin "$out" nats-server
+	# nats-creds (tests/env/nats/creds): operator, account and user JWTs and .creds files for
+	# the credentials-file test, from the nats-server's own jwt and nkeys modules (seconds).
+	key=$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/creds/main.go")
+	out=$CACHE_DIR/bin/nats-creds-$key
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 nats-creds
+		if [[ ! -x $out ]]; then
+			go_build "nats-creds" "$dir" "$STATE_DIR/build-nats-creds.log" -- -ldflags '-s -w' -o "$out.tmp" ./creds
+			mv -f "$out.tmp" "$out"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" nats-creds
 }
 
 # ensure_helm: build (first time only) helm from helm/go.mod and link it as $BIN_DIR/helm.
