@@ -38,9 +38,8 @@ impl std::error::Error for SyntaxError {}
 struct Classes {
     quote: u64,
     backslash: u64,
-    /// Bytes up to 0x20: space and the control characters.
-    low: u64,
-    space: u64,
+    /// The control characters (below 0x20).
+    control: u64,
     /// `{ } [ ]`
     bracket: u64,
 }
@@ -53,7 +52,7 @@ struct Classes {
 fn classify_avx2(block: &[u8; 64]) -> Classes {
     use std::arch::x86_64::*;
     let mut c = Classes::default();
-    let space = _mm256_set1_epi8(0x20);
+    let (space, below_space) = (_mm256_set1_epi8(0x20), _mm256_set1_epi8(0x1f));
     let (quote, backslash) = (_mm256_set1_epi8(b'"' as i8), _mm256_set1_epi8(b'\\' as i8));
     let (open, close) = (_mm256_set1_epi8(b'{' as i8), _mm256_set1_epi8(b'}' as i8));
     for k in 0..2 {
@@ -62,11 +61,10 @@ fn classify_avx2(block: &[u8; 64]) -> Classes {
         let shift = 32 * k;
         let folded = _mm256_or_si256(x, space);
         let bracket = _mm256_or_si256(_mm256_cmpeq_epi8(folded, open), _mm256_cmpeq_epi8(folded, close));
-        let low = _mm256_cmpeq_epi8(_mm256_max_epu8(x, space), space);
+        let control = _mm256_cmpeq_epi8(_mm256_max_epu8(x, below_space), below_space);
         c.quote |= (_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, quote)) as u32 as u64) << shift;
         c.backslash |= (_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, backslash)) as u32 as u64) << shift;
-        c.low |= (_mm256_movemask_epi8(low) as u32 as u64) << shift;
-        c.space |= (_mm256_movemask_epi8(_mm256_cmpeq_epi8(x, space)) as u32 as u64) << shift;
+        c.control |= (_mm256_movemask_epi8(control) as u32 as u64) << shift;
         c.bracket |= (_mm256_movemask_epi8(bracket) as u32 as u64) << shift;
     }
     c
@@ -77,7 +75,7 @@ fn classify_avx2(block: &[u8; 64]) -> Classes {
 fn classify_sse2(block: &[u8; 64]) -> Classes {
     use std::arch::x86_64::*;
     let mut c = Classes::default();
-    let space = _mm_set1_epi8(0x20);
+    let (space, below_space) = (_mm_set1_epi8(0x20), _mm_set1_epi8(0x1f));
     let (quote, backslash) = (_mm_set1_epi8(b'"' as i8), _mm_set1_epi8(b'\\' as i8));
     let (open, close) = (_mm_set1_epi8(b'{' as i8), _mm_set1_epi8(b'}' as i8));
     for k in 0..4 {
@@ -87,11 +85,10 @@ fn classify_sse2(block: &[u8; 64]) -> Classes {
         // `[` and `]` differ from `{` and `}` only in bit 0x20.
         let folded = _mm_or_si128(x, space);
         let bracket = _mm_or_si128(_mm_cmpeq_epi8(folded, open), _mm_cmpeq_epi8(folded, close));
-        let low = _mm_cmpeq_epi8(_mm_max_epu8(x, space), space);
+        let control = _mm_cmpeq_epi8(_mm_max_epu8(x, below_space), below_space);
         c.quote |= (_mm_movemask_epi8(_mm_cmpeq_epi8(x, quote)) as u16 as u64) << shift;
         c.backslash |= (_mm_movemask_epi8(_mm_cmpeq_epi8(x, backslash)) as u16 as u64) << shift;
-        c.low |= (_mm_movemask_epi8(low) as u16 as u64) << shift;
-        c.space |= (_mm_movemask_epi8(_mm_cmpeq_epi8(x, space)) as u16 as u64) << shift;
+        c.control |= (_mm_movemask_epi8(control) as u16 as u64) << shift;
         c.bracket |= (_mm_movemask_epi8(bracket) as u16 as u64) << shift;
     }
     c
@@ -106,12 +103,9 @@ fn classify_portable(block: &[u8; 64]) -> Classes {
         match b {
             b'"' => c.quote |= bit,
             b'\\' => c.backslash |= bit,
-            b' ' => c.space |= bit,
             b'{' | b'}' | b'[' | b']' => c.bracket |= bit,
+            0..0x20 => c.control |= bit,
             _ => {}
-        }
-        if b <= 0x20 {
-            c.low |= bit;
         }
     }
     c
@@ -218,7 +212,7 @@ fn check_with(
         let in_string = prefix_xor(quotes) ^ string_carry;
         string_carry = ((in_string as i64) >> 63) as u64;
         let first_bit = |mask: u64| base + mask.trailing_zeros() as usize;
-        let control = classes.low & !classes.space;
+        let control = classes.control;
         if control & in_string != 0 {
             return Err(err(first_bit(control & in_string), "no control character in a string"));
         }
