@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use std::future::IntoFuture;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::{self, message::PublishMessage, stream};
 use common::{OBJECTS, cpu_seconds, record};
 use futures::StreamExt;
@@ -46,33 +47,53 @@ async fn main() {
     let js = jetstream::new(client);
     let run = std::process::id();
 
+    // What the raw publisher sends, made before anything is measured: each object's JSON with
+    // its id, and kubecast's own messages (payload and headers) in each mode.
+    let plain = plain_messages(&recording);
+    let like_kubecast = |mode| kubecast_messages(&recording, mode);
+    let (binary_messages, structured_messages) = (like_kubecast(Mode::Binary), like_kubecast(Mode::Structured));
     // Warm up (connections, stream files) outside the measurements.
     let warmup = format!("bench{run}w");
-    with_stream(&js, &warmup, 1000.min(events), raw(&js, &format!("{warmup}.x"), &recording[..1000.min(events)])).await;
+    let n = 1000.min(events);
+    with_stream(&js, &warmup, n, raw(&js, &format!("{warmup}.x"), &plain[..n])).await;
     let rounds = common::rounds_arg();
     println!("{rounds} rounds, the raw publisher first in odd ones, kubecast in even ones");
     let nan = (f64::NAN, f64::NAN);
+    let mode = |m: &str| common::arg("--mode").is_none_or(|x| x == m);
     let mut results = Vec::new();
     for r in 0..rounds {
         println!("round {}/{rounds}", r + 1);
         let raw_side = async {
             if !common::side("raw") {
-                return nan;
+                return (nan, nan, nan);
             }
             let s = format!("bench{run}r{r}");
-            with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &recording)).await
+            let plain = with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &plain)).await;
+            let s = format!("bench{run}rb{r}");
+            let binary = if mode("binary") {
+                with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &binary_messages)).await
+            } else {
+                nan
+            };
+            let s = format!("bench{run}rs{r}");
+            let structured = if mode("structured") {
+                with_stream(&js, &s, events, raw(&js, &format!("{s}.x"), &structured_messages)).await
+            } else {
+                nan
+            };
+            (plain, binary, structured)
         };
         let kubecast_side = async {
             if !common::side("kubecast") {
                 return (nan, nan);
             }
-            let binary = if common::arg("--mode").is_none_or(|m| m == "binary") {
+            let binary = if mode("binary") {
                 let s = format!("bench{run}b{r}");
                 with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Binary, &recording)).await
             } else {
                 nan
             };
-            let structured = if common::arg("--mode").is_none_or(|m| m == "structured") {
+            let structured = if mode("structured") {
                 let s = format!("bench{run}s{r}");
                 with_stream(&js, &s, events, kubecast_run(&url, &format!("{s}.x"), Mode::Structured, &recording)).await
             } else {
@@ -80,13 +101,52 @@ async fn main() {
             };
             (binary, structured)
         };
-        let (raw_figures, (binary, structured)) = common::in_turn(r, raw_side, kubecast_side).await;
+        let ((raw_figures, raw_binary, raw_structured), (binary, structured)) =
+            common::in_turn(r, raw_side, kubecast_side).await;
         results.push(common::Round {
             raw: raw_figures,
-            runs: vec![("kubecast (binary mode)", binary), ("kubecast (structured mode)", structured)],
+            runs: vec![
+                (RAW_BINARY, raw_binary),
+                (RAW_STRUCTURED, raw_structured),
+                (KUBECAST_BINARY, binary),
+                (KUBECAST_STRUCTURED, structured),
+            ],
         });
     }
     common::report(events, "raw async-nats JetStream", &results);
+    common::report_like_for_like(&results, &[(KUBECAST_BINARY, RAW_BINARY), (KUBECAST_STRUCTURED, RAW_STRUCTURED)]);
+}
+
+const RAW_BINARY: &str = "raw, kubecast's binary-mode messages";
+const RAW_STRUCTURED: &str = "raw, kubecast's structured-mode messages";
+const KUBECAST_BINARY: &str = "kubecast (binary mode)";
+const KUBECAST_STRUCTURED: &str = "kubecast (structured mode)";
+
+/// One message as the raw publisher sends it: `Nats-Msg-Id`, payload, other headers.
+type Message = (String, bytes::Bytes, Option<HeaderMap>);
+
+/// Each object's JSON, with `<uid>:<index>` as its id.
+fn plain_messages(recording: &[bytes::Bytes]) -> Vec<Message> {
+    common::payloads(recording)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (k, b))| (format!("{k}:{i}"), bytes::Bytes::from(b), None))
+        .collect()
+}
+
+/// The messages kubecast sends for the recording in `mode` (its payloads, headers and ids).
+fn kubecast_messages(recording: &[bytes::Bytes], mode: Mode) -> Vec<Message> {
+    let source = std::sync::Arc::new(kubecast::event::EventSource::new("bench", &common::pods()));
+    recording
+        .iter()
+        .enumerate()
+        .map(|(seq, line)| {
+            let job = common::job(seq as u64, line, &source);
+            let event = &job.msg.as_ref().unwrap().event;
+            let (payload, headers) = kubecast::sink::nats::encode(event, mode);
+            (event.id().to_string(), payload, Some(headers))
+        })
+        .collect()
 }
 
 /// Runs `work` with a fresh file-backed stream `name` (subjects `name.>`), checks that it
@@ -108,36 +168,36 @@ async fn with_stream<T>(js: &jetstream::Context, name: &str, expected: usize, wo
     out
 }
 
-/// Publishes each object's JSON with its id as `Nats-Msg-Id`, awaiting the PubAcks, 1000 in
-/// flight.
-async fn raw(js: &jetstream::Context, subject: &str, recording: &[bytes::Bytes]) -> (f64, f64) {
-    let payloads: Vec<(String, bytes::Bytes)> = common::payloads(recording)
-        .into_iter()
-        .enumerate()
-        .map(|(i, (k, b))| (format!("{k}:{i}"), bytes::Bytes::from(b)))
-        .collect();
+/// Publishes `messages` with their ids as `Nats-Msg-Id`, awaiting the PubAcks, 1000 in flight.
+async fn raw(js: &jetstream::Context, subject: &str, messages: &[Message]) -> (f64, f64) {
+    // Cloned before the clock starts (a reference count each, and the headers' maps).
+    let messages: Vec<Message> = messages.to_vec();
+    let count = messages.len();
     let (threads0, cpu0, t0) = (common::thread_cpu(), cpu_seconds(), Instant::now());
     let mut acks: FuturesUnordered<<jetstream::context::PublishAckFuture as IntoFuture>::IntoFuture> =
         FuturesUnordered::new();
     let mut done = 0usize;
-    for (id, payload) in payloads {
+    for (id, payload, headers) in messages {
         while acks.len() >= 1000 {
             acks.next().await.unwrap().expect("PubAck");
             done += 1;
         }
-        let ack = js
-            .send_publish(subject.to_string(), PublishMessage::build().payload(payload).message_id(id))
-            .await
-            .expect("publish");
+        // The headers first: `headers` replaces the map that `message_id` adds to.
+        let mut message = PublishMessage::build().payload(payload);
+        if let Some(headers) = headers {
+            message = message.headers(headers);
+        }
+        let message = message.message_id(id);
+        let ack = js.send_publish(subject.to_string(), message).await.expect("publish");
         acks.push(ack.into_future());
     }
     while let Some(a) = acks.next().await {
         a.expect("PubAck");
         done += 1;
     }
-    assert_eq!(done, recording.len());
+    assert_eq!(done, count);
     let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
-    println!("raw {}", common::cpu_split(&threads0, recording.len()));
+    println!("raw {}", common::cpu_split(&threads0, count));
     figures
 }
 

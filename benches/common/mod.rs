@@ -151,6 +151,28 @@ pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
     }
 }
 
+/// For each `(run, like)` pair: the median over the rounds of `run`'s throughput relative to
+/// `like`'s in the same round (e.g. kubecast against a raw client sending kubecast's own
+/// messages: the broker then does the same work for both).
+pub fn report_like_for_like(rounds: &[Round], pairs: &[(&str, &str)]) {
+    let figures = |round: &Round, name: &str| round.runs.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+    for (run, like) in pairs {
+        let mut ratios: Vec<f64> = rounds
+            .iter()
+            .filter_map(|r| Some(figures(r, like)?.0 / figures(r, run)?.0))
+            .filter(|x| x.is_finite())
+            .collect();
+        if ratios.is_empty() {
+            continue;
+        }
+        let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+        ratios.sort_by(f64::total_cmp);
+        let n = ratios.len();
+        let median = if n % 2 == 1 { ratios[n / 2] } else { (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0 };
+        println!("{run} / {like}: {median:.2}x (rounds: {})", each.join(", "));
+    }
+}
+
 /// `events` changes of `OBJECTS` Pods, ~8 KB each, as the lines a watch delivers them in
 /// (`{"type":"MODIFIED","object":{...}}`, compact, in the apiserver's key order).
 pub fn record(events: usize) -> Arc<Vec<bytes::Bytes>> {
@@ -253,7 +275,9 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiRe
             }
         }
     });
-    queue.run(rx).await.expect("delivered");
+    // A task of the runtime, as in the binary (`pipeline::run` spawns the queue): its two
+    // workers run everything, the thread blocked on the benchmark's main future stays idle.
+    tokio::spawn(async move { queue.run(rx).await }).await.unwrap().expect("delivered");
     producer.await.unwrap();
     let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
     println!("kubecast {}", cpu_split(&threads0, events));
