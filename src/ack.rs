@@ -191,7 +191,7 @@ mod tests {
         let mut wm = Watermark::new(Checkpoint { resource_version: Some("5".into()), ..Default::default() });
         wm.ack(0, Effect::Diffed(IndexOp::Upsert("a".into(), entry("20"))));
         assert_eq!(wm.committed().resource_version.as_deref(), Some("5"));
-        let mut objects = Index::new();
+        let mut objects = Index::default();
         objects.insert("a".into(), entry("20"));
         wm.ack(1, Effect::Listed { rv: "21".into(), objects });
         assert_eq!(wm.committed().resource_version.as_deref(), Some("21"));

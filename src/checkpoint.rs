@@ -27,8 +27,8 @@ pub struct IndexEntry {
     pub resource_version: String,
 }
 
-/// uid -> entry.
-pub type Index = HashMap<String, IndexEntry>;
+/// uid -> entry (foldhash: the uids come from the apiserver; hashed once per event).
+pub type Index = HashMap<String, IndexEntry, foldhash::fast::RandomState>;
 
 /// The identity of a stream: exactly the query it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

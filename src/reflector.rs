@@ -205,7 +205,7 @@ impl Reflector {
         let streaming = if spec.streaming_lists { None } else { Some(false) };
         let (resume, index, acked_ahead) = match start {
             Some(cp) => (cp.resource_version, cp.objects, cp.acked_ahead.into_iter().collect()),
-            None => (None, Index::new(), HashSet::new()),
+            None => (None, Index::default(), HashSet::new()),
         };
         Self {
             spec,
