@@ -49,12 +49,14 @@ async fn main() {
 
     // What the raw publisher sends, made before anything is measured: each object's JSON with
     // its id, and kubecast's own messages (payload and headers) in each mode.
-    let plain = plain_messages(&recording);
-    let like_kubecast = |mode| kubecast_messages(&recording, mode);
+    // (Only when the raw side runs: `--side kubecast` under a profiler shows kubecast alone.)
+    let n = 1000.min(events);
+    let raw_runs = common::side("raw");
+    let plain = plain_messages(if raw_runs { &recording } else { &recording[..n] });
+    let like_kubecast = |mode| if raw_runs { kubecast_messages(&recording, mode) } else { Vec::new() };
     let (binary_messages, structured_messages) = (like_kubecast(Mode::Binary), like_kubecast(Mode::Structured));
     // Warm up (connections, stream files) outside the measurements.
     let warmup = format!("bench{run}w");
-    let n = 1000.min(events);
     with_stream(&js, &warmup, n, raw(&js, &format!("{warmup}.x"), &plain[..n])).await;
     let rounds = common::rounds_arg();
     println!("{rounds} rounds, the raw publisher first in odd ones, kubecast in even ones");

@@ -9,8 +9,10 @@
 //! Each job is acknowledged to its stream's watermark once its event was accepted by the sink
 //! or written to the dead letter, or at once when it carries no event.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -64,8 +66,12 @@ pub struct Queue {
 impl Queue {
     /// Runs until `rx` is closed and everything taken is delivered, or a fatal error.
     pub async fn run(&self, mut rx: mpsc::Receiver<Job>) -> Result<(), DeliveryError> {
-        // Per key with a job ready or in flight: the key's jobs waiting behind that one.
-        let mut per_key: HashMap<String, VecDeque<Job>, foldhash::fast::RandomState> = HashMap::default();
+        // Per key with a job ready or in flight: the key's jobs waiting behind that one. Keyed
+        // by the key's 64-bit hash (no copy of the key per event): two objects whose keys
+        // collide are merely kept in order with each other too.
+        let hasher = foldhash::fast::RandomState::default();
+        let slot = |key: &str| hasher.hash_one(key);
+        let mut per_key: HashMap<u64, VecDeque<Job>, foldhash::fast::RandomState> = HashMap::default();
         // Jobs that may start now (each the only one of its key ready or in flight).
         let mut ready: VecDeque<Job> = VecDeque::new();
         // One future type (no box per event): each lives in its FuturesUnordered task node.
@@ -98,11 +104,11 @@ impl Queue {
                 Some((job, result)) = in_flight.next() => {
                     held -= 1;
                     result?;
-                    let key = &job.msg.as_ref().expect("sent jobs have events").key;
-                    match per_key.get_mut(key).and_then(VecDeque::pop_front) {
+                    let key = slot(&job.msg.as_ref().expect("sent jobs have events").key);
+                    match per_key.get_mut(&key).and_then(VecDeque::pop_front) {
                         Some(next) => ready.push_back(next),
                         None => {
-                            per_key.remove(key);
+                            per_key.remove(&key);
                         }
                     }
                     self.ack(job);
@@ -117,10 +123,10 @@ impl Queue {
                             continue;
                         };
                         held += 1;
-                        match per_key.get_mut(&msg.key) {
-                            Some(waiting) => waiting.push_back(job),
-                            None => {
-                                per_key.insert(msg.key.clone(), VecDeque::new());
+                        match per_key.entry(slot(&msg.key)) {
+                            Entry::Occupied(mut waiting) => waiting.get_mut().push_back(job),
+                            Entry::Vacant(free) => {
+                                free.insert(VecDeque::new());
                                 ready.push_back(job);
                             }
                         }
