@@ -161,6 +161,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[bytes::Bytes], headers: bo
             })
         })
         .collect();
+    common::settle();
     let (threads0, cpu0, t0) = (common::thread_cpu(), cpu_seconds(), Instant::now());
     let mut in_flight: FuturesUnordered<Delivery<'_>> = FuturesUnordered::new();
     for ((key, payload), headers) in payloads.iter().zip(headers) {

@@ -175,6 +175,7 @@ async fn raw(js: &jetstream::Context, subject: &str, messages: &[Message]) -> (f
     // Cloned before the clock starts (a reference count each, and the headers' maps).
     let messages: Vec<Message> = messages.to_vec();
     let count = messages.len();
+    common::settle();
     let (threads0, cpu0, t0) = (common::thread_cpu(), cpu_seconds(), Instant::now());
     let mut acks: FuturesUnordered<<jetstream::context::PublishAckFuture as IntoFuture>::IntoFuture> =
         FuturesUnordered::new();

@@ -83,6 +83,15 @@ pub fn rounds_arg() -> usize {
     arg("--rounds").map(|v| v.parse().expect("--rounds N")).unwrap_or(5).max(1)
 }
 
+/// Lets the machine settle before a measured run: the writes of the run before it (the
+/// broker's files, a deleted stream or topic) are flushed to disk (`sync`), then a second's
+/// pause. Without it the run after a run paid for the flushing of its predecessor's ~0.2-1 GB
+/// (the second run of a pair was slower, whichever side it was).
+pub fn settle() {
+    let _ = std::process::Command::new("sync").status();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+}
+
 /// Runs both sides of round `round` one after the other: the raw side first in odd rounds
 /// (counting from 1), kubecast's first in even ones, so that neither always runs on the
 /// machine the other left behind.
@@ -266,6 +275,7 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiRe
     // Shared, not copied: the measured work reads each line where it was recorded.
     let recording = recording.clone();
     let events = recording.len();
+    settle();
     let (threads0, cpu0, t0) = (thread_cpu(), cpu_seconds(), Instant::now());
     let (tx, rx) = mpsc::channel::<Job>(1024);
     let producer = tokio::spawn(async move {
