@@ -545,16 +545,12 @@ done"#
     )
     .unwrap();
     let url = format!("tls://127.0.0.1:{port}");
-    let (server, test_client) = own_server(dir.path(), &url, || async {
+    let (server, js) = own_server(dir.path(), &url, "tls", || async {
         async_nats::ConnectOptions::with_token(token.into())
             .add_root_certificates(dir.path().join("ca.crt"))
             .add_client_certificate(dir.path().join("client.crt"), dir.path().join("client.key"))
     })
     .await;
-    let js = jetstream::new(test_client);
-    js.create_stream(stream::Config { name: "TLS".into(), subjects: vec!["tls.>".into()], ..Default::default() })
-        .await
-        .unwrap();
 
     let cluster = cluster_name();
     let config = format!("[cluster]\nname = \"{cluster}\"\n{}", cm_resource(&ns.name, ""));
@@ -605,15 +601,11 @@ async fn credentials_file_refused_then_accepted() {
     .unwrap();
     let url = format!("nats://127.0.0.1:{port}");
     let user = dir.path().join("user.creds");
-    let (server, test_client) = own_server(dir.path(), &url, || {
+    let (server, js) = own_server(dir.path(), &url, "creds", || {
         let user = user.clone();
         async move { async_nats::ConnectOptions::with_credentials_file(user).await.expect("user.creds") }
     })
     .await;
-    let js = jetstream::new(test_client);
-    js.create_stream(stream::Config { name: "CREDS".into(), subjects: vec!["creds.>".into()], ..Default::default() })
-        .await
-        .unwrap();
 
     let cluster = cluster_name();
     let config = format!("[cluster]\nname = \"{cluster}\"\n{}", cm_resource(&ns.name, ""));
@@ -648,10 +640,15 @@ async fn credentials_file_refused_then_accepted() {
     drop(server);
 }
 
-/// Starts a nats-server of the test's own on `dir/server.conf` (log in `dir/nats.log`) and
-/// returns it with a client connected with `options` (made anew for each attempt) once the
-/// server accepts it.
-async fn own_server<F, O>(dir: &std::path::Path, url: &str, options: F) -> (ChildGuard, async_nats::Client)
+/// Starts a nats-server of the test's own on `dir/server.conf` (log in `dir/nats.log`),
+/// connects to it with `options` (made anew for each attempt) once it accepts them, and
+/// creates the stream `PREFIX` (uppercase) over the subjects `prefix.>`.
+async fn own_server<F, O>(
+    dir: &std::path::Path,
+    url: &str,
+    prefix: &str,
+    options: F,
+) -> (ChildGuard, jetstream::Context)
 where
     F: Fn() -> O,
     O: std::future::Future<Output = async_nats::ConnectOptions>,
@@ -669,7 +666,12 @@ where
     let deadline = Instant::now() + WAIT;
     loop {
         match options().await.connect(url).await {
-            Ok(c) => return (server, c),
+            Ok(c) => {
+                let js = jetstream::new(c);
+                let (name, subjects) = (prefix.to_uppercase(), vec![format!("{prefix}.>")]);
+                js.create_stream(stream::Config { name, subjects, ..Default::default() }).await.unwrap();
+                return (server, js);
+            }
             Err(e) => {
                 let log = std::fs::read_to_string(dir.join("nats.log")).unwrap_or_default();
                 assert!(server.0.try_wait().unwrap().is_none(), "nats-server exited: {e}\n{log}");
