@@ -305,7 +305,7 @@ impl Shaper {
                 event.data = data.into();
             }
         }
-        let Ok(text) = std::str::from_utf8(&event.data) else {
+        let Ok(text) = simdutf8::basic::from_utf8(&event.data) else {
             error!(resource = %self.describe, event_id = event.id(), "object is not UTF-8 JSON; event dropped");
             return Err(Dropped::Unreadable);
         };
@@ -404,7 +404,7 @@ fn metadata_only(v: &Value) -> Value {
 /// last-applied annotation, the object's text with them cut out of its metadata; the rest of
 /// the text is copied as it is, never decoded. `None`: nothing to remove.
 pub fn strip_noise(data: &[u8]) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(data).ok()?;
+    let text = simdutf8::basic::from_utf8(data).ok()?;
     if !text.contains("\"managedFields\"") && !text.contains(LAST_APPLIED) {
         return None;
     }

@@ -458,10 +458,12 @@ impl NatsSink {
             };
         };
         let message = PublishMessage::build().payload(payload).headers(headers).message_id(id);
+        // Shared with the request (a reference count), kept for the error messages.
+        let subject = async_nats::Subject::from(subject);
         let ack = js.send_publish(subject.clone(), message).await.map_err(|e| classify(&subject, e))?;
         let ack = ack.await.map_err(|e| classify(&subject, e))?;
         if ack.duplicate {
-            debug!(event_id = id, subject, stream = %ack.stream, "JetStream dropped a duplicate (sent before); counted as acknowledged");
+            debug!(event_id = id, subject = subject.as_str(), stream = %ack.stream, "JetStream dropped a duplicate (sent before); counted as acknowledged");
         }
         Ok(())
     }
