@@ -47,7 +47,7 @@ async fn main() {
         recording
             .iter()
             .map(|b| {
-                let object = common::object(b);
+                let object = common::object(&common::read(b));
                 let uid = object.metadata.uid.clone().unwrap();
                 let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
                 (uid, change.into_cloudevent().unwrap())

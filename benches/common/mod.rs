@@ -70,6 +70,15 @@ pub fn payloads(recording: &[bytes::Bytes]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// A recorded line as the watch reader hands it over: copied into a buffer of its own (the
+/// reader copies each frame of the response into its line buffer), so that the event is its
+/// only owner and frees it once delivered, as in the binary. (Decoding straight from the
+/// recording would keep every object alive for the whole run and make each later allocation
+/// fresh memory, which the binary does not do.)
+pub fn read(line: &bytes::Bytes) -> bytes::Bytes {
+    bytes::Bytes::copy_from_slice(line)
+}
+
 /// The object of a recorded watch line, decoded as the reflector does.
 pub fn object(line: &bytes::Bytes) -> RawObject {
     match kubecast::watch::decode_line(line).unwrap() {
@@ -298,7 +307,7 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiRe
 /// (`watch::decode_line`: the object's text checked and kept, its identity decoded), then what
 /// `pipeline::shape` does (the CloudEvent and the destination fields).
 pub fn job(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Job {
-    let object = object(line);
+    let object = object(&read(line));
     let uid = object.metadata.uid.clone().unwrap();
     let rv = object.metadata.resource_version.clone().unwrap();
     let entry = IndexEntry {
