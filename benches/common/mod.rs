@@ -146,11 +146,6 @@ pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
     }
     println!();
     println!("medians over {} rounds:", rounds.len());
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-    };
     let raw_eps = median(rounds.iter().map(|r| events as f64 / r.raw.0).collect());
     println!("{raw_name}: {raw_eps:.0} events/s");
     for (k, (name, _)) in rounds[0].runs.iter().enumerate() {
@@ -169,13 +164,20 @@ pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
     }
 }
 
+/// The median of `v` (the mean of the middle two for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+}
+
 /// For each `(run, like)` pair: the median over the rounds of `run`'s throughput relative to
 /// `like`'s in the same round (e.g. kubecast against a raw client sending kubecast's own
 /// messages: the broker then does the same work for both).
 pub fn report_like_for_like(rounds: &[Round], pairs: &[(&str, &str)]) {
     let figures = |round: &Round, name: &str| round.runs.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
     for (run, like) in pairs {
-        let mut ratios: Vec<f64> = rounds
+        let ratios: Vec<f64> = rounds
             .iter()
             .filter_map(|r| Some(figures(r, like)?.0 / figures(r, run)?.0))
             .filter(|x| x.is_finite())
@@ -184,10 +186,7 @@ pub fn report_like_for_like(rounds: &[Round], pairs: &[(&str, &str)]) {
             continue;
         }
         let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
-        ratios.sort_by(f64::total_cmp);
-        let n = ratios.len();
-        let median = if n % 2 == 1 { ratios[n / 2] } else { (ratios[n / 2 - 1] + ratios[n / 2]) / 2.0 };
-        println!("{run} / {like}: {median:.2}x (rounds: {})", each.join(", "));
+        println!("{run} / {like}: {:.2}x (rounds: {})", median(ratios), each.join(", "));
     }
 }
 
