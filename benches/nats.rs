@@ -32,8 +32,13 @@ use std::future::Future;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() {
+/// As the binary's `main`: the allocator's options first, then the runtime.
+fn main() {
+    kubecast::allocator::configure();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+}
+
+async fn run() {
     let events = common::events_arg(20_000);
     let env = common::env_up("nats");
     let url = common::env_value(&env, "NATS_URL");

@@ -35,8 +35,13 @@ const CONFIGS: &[(&str, &str)] = &[
     ("payload = metadata", "payload = \"metadata\""),
 ];
 
-#[tokio::main]
-async fn main() {
+/// As the binary's `main`: the allocator's options first, then the runtime.
+fn main() {
+    kubecast::allocator::configure();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+}
+
+async fn run() {
     let events = common::events_arg(20_000);
     let env = common::env_up("kafka");
     let brokers = common::env_value(&env, "KAFKA_BROKERS");

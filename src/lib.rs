@@ -2,6 +2,7 @@
 
 pub mod ack;
 pub mod admin;
+pub mod allocator;
 pub mod checkpoint;
 pub mod cli;
 pub mod config;

@@ -13,6 +13,7 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    kubecast::allocator::configure();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match real_main(cli) {
