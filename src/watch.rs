@@ -50,7 +50,7 @@ fn api_error(status: http::StatusCode, body: &[u8]) -> kube::Error {
 
 /// The events of a watch response body, one per line.
 fn events(body: kube::client::Body) -> impl Stream<Item = Result<WatchEvent<RawObject>, kube::Error>> {
-    let state = Lines { body, buf: BytesMut::new(), scanned: 0, ended: false };
+    let state = Lines { body, split: LineSplitter::default(), ended: false };
     futures::stream::unfold(state, |mut lines| async move {
         let line = lines.next().await?;
         Some((line.and_then(|l| decode_line(&l)), lines))
@@ -59,9 +59,7 @@ fn events(body: kube::client::Body) -> impl Stream<Item = Result<WatchEvent<RawO
 
 struct Lines {
     body: kube::client::Body,
-    buf: BytesMut,
-    /// `buf[..scanned]` has no newline.
-    scanned: usize,
+    split: LineSplitter,
     ended: bool,
 }
 
@@ -69,23 +67,19 @@ impl Lines {
     /// The next non-empty line (without its newline), `None` at the end of the body.
     async fn next(&mut self) -> Option<Result<Bytes, kube::Error>> {
         loop {
-            if let Some(at) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
-                let end = self.scanned + at;
-                self.scanned = 0;
-                let line = self.buf.split_to(end).freeze();
-                self.buf.advance(1);
+            if let Some(line) = self.split.next_line() {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
                 return Some(Ok(line));
             }
-            self.scanned = self.buf.len();
             if self.ended {
-                if !self.buf.is_empty() {
+                let partial = self.split.partial_len();
+                if partial > 0 {
                     // The connection ended inside an event: it was not delivered, and the
                     // watch resumes from the last whole one.
-                    debug!(bytes = self.buf.len(), "watch ended inside an event; dropping the partial line");
-                    self.buf.clear();
+                    debug!(bytes = partial, "watch ended inside an event; dropping the partial line");
+                    self.split = LineSplitter::default();
                 }
                 return None;
             }
@@ -93,7 +87,7 @@ impl Lines {
                 None => self.ended = true,
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
+                        self.split.push(data);
                     }
                 }
                 Some(Err(e)) => {
@@ -108,6 +102,85 @@ impl Lines {
             }
         }
     }
+}
+
+/// Splits the body's frames into lines without copying a line that lies within one frame: it
+/// is a slice of the frame (which itself shares the HTTP client's read buffer). The apiserver
+/// flushes each watch event as it is written, so a large object usually arrives as one frame
+/// holding exactly its line; many small events share a frame (the apiserver's 2 KB write
+/// buffer), and a line cut by a frame boundary is joined into a buffer of its own. A queued
+/// event keeps its frame's buffer alive until it is delivered.
+#[derive(Default)]
+struct LineSplitter {
+    /// What is left of the last frame pushed, after the lines taken from it.
+    frame: Bytes,
+    /// The start of a line that began in an earlier frame.
+    partial: Partial,
+}
+
+#[derive(Default)]
+enum Partial {
+    #[default]
+    Empty,
+    /// One frame's tail, kept as it is (no copy while the line's end may come next, alone).
+    Piece(Bytes),
+    /// Pieces of several frames, joined.
+    Joined(BytesMut),
+}
+
+impl LineSplitter {
+    /// Adds the next frame; call only once [`Self::next_line`] returned `None`.
+    fn push(&mut self, frame: Bytes) {
+        debug_assert!(self.frame.is_empty(), "a frame pushed before the last one was split");
+        self.frame = frame;
+    }
+
+    /// The next complete line (without its newline), or `None` until more frames come.
+    fn next_line(&mut self) -> Option<Bytes> {
+        if self.frame.is_empty() {
+            return None;
+        }
+        let Some(at) = memchr::memchr(b'\n', &self.frame) else {
+            let piece = std::mem::take(&mut self.frame);
+            self.partial = match std::mem::take(&mut self.partial) {
+                Partial::Empty => Partial::Piece(piece),
+                Partial::Piece(first) => Partial::Joined(joined(&first, &piece)),
+                Partial::Joined(mut start) => {
+                    start.extend_from_slice(&piece);
+                    Partial::Joined(start)
+                }
+            };
+            return None;
+        };
+        let piece = self.frame.split_to(at);
+        self.frame.advance(1);
+        Some(match std::mem::take(&mut self.partial) {
+            Partial::Empty => piece,
+            Partial::Piece(first) if piece.is_empty() => first,
+            Partial::Piece(first) => joined(&first, &piece).freeze(),
+            Partial::Joined(mut start) => {
+                start.extend_from_slice(&piece);
+                start.freeze()
+            }
+        })
+    }
+
+    /// Bytes of a line begun and not ended yet (the body ended inside it when it is > 0).
+    fn partial_len(&self) -> usize {
+        self.frame.len()
+            + match &self.partial {
+                Partial::Empty => 0,
+                Partial::Piece(b) => b.len(),
+                Partial::Joined(b) => b.len(),
+            }
+    }
+}
+
+fn joined(first: &[u8], second: &[u8]) -> BytesMut {
+    let mut out = BytesMut::with_capacity(first.len() + second.len());
+    out.extend_from_slice(first);
+    out.extend_from_slice(second);
+    out
 }
 
 /// An end of stream kube also treats as the end of the watch rather than an error: an
@@ -189,6 +262,66 @@ mod tests {
             other => panic!("{other:?}"),
         };
         (verb, o.metadata.uid.clone(), o.text().to_vec())
+    }
+
+    /// All lines of `frames`, and for each whether it shares a frame's buffer (not copied).
+    fn split_all(frames: &[Bytes]) -> (Vec<Vec<u8>>, Vec<bool>, usize) {
+        let mut split = LineSplitter::default();
+        let (mut lines, mut shared) = (Vec::new(), Vec::new());
+        for frame in frames {
+            split.push(frame.clone());
+            while let Some(line) = split.next_line() {
+                let inside = |f: &Bytes| {
+                    let range = f.as_ptr() as usize..f.as_ptr() as usize + f.len() + 1;
+                    range.contains(&(line.as_ptr() as usize))
+                };
+                shared.push(!line.is_empty() && frames.iter().any(inside));
+                lines.push(line.to_vec());
+            }
+        }
+        (lines, shared, split.partial_len())
+    }
+
+    #[test]
+    fn a_line_within_one_frame_is_not_copied() {
+        let frames = [
+            Bytes::from_static(b"{\"a\":1}\n{\"b\":2}\n{\"c\""),
+            Bytes::from_static(b":3}\n"),
+            // A large event as the apiserver flushes it: the line, then its newline alone.
+            Bytes::from_static(b"{\"big\":true}"),
+            Bytes::from_static(b"\n"),
+            Bytes::from_static(b"{\"d\""),
+            Bytes::from_static(b":"),
+            Bytes::from_static(b"4}\n{\"e\":"),
+        ];
+        let (lines, shared, partial) = split_all(&frames);
+        let text: Vec<&str> = lines.iter().map(|l| std::str::from_utf8(l).unwrap()).collect();
+        assert_eq!(text, [r#"{"a":1}"#, r#"{"b":2}"#, r#"{"c":3}"#, r#"{"big":true}"#, r#"{"d":4}"#]);
+        assert_eq!(shared, [true, true, false, true, false], "only lines across frames are copied");
+        assert_eq!(partial, r#"{"e":"#.len());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn frames_split_anywhere_give_the_same_lines(
+            lines in proptest::collection::vec("[a-z{}\":, ]{0,40}", 0..12),
+            cuts in proptest::collection::vec(0usize..600, 0..10),
+        ) {
+            let body: Vec<u8> = lines.iter().flat_map(|l| l.bytes().chain([b'\n'])).collect();
+            let mut cuts: Vec<usize> = cuts.into_iter().filter(|c| *c < body.len()).collect();
+            cuts.sort_unstable();
+            cuts.dedup();
+            let mut frames = Vec::new();
+            let mut start = 0;
+            for c in cuts.into_iter().chain([body.len()]) {
+                frames.push(Bytes::copy_from_slice(&body[start..c]));
+                start = c;
+            }
+            let (got, _, partial) = split_all(&frames);
+            let want: Vec<Vec<u8>> = lines.iter().map(|l| l.as_bytes().to_vec()).collect();
+            proptest::prop_assert_eq!(got, want);
+            proptest::prop_assert_eq!(partial, 0);
+        }
     }
 
     #[test]
