@@ -70,9 +70,10 @@ pub fn payloads(recording: &[bytes::Bytes]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// A recorded line as the watch reader hands it over: copied into a buffer of its own (the
-/// reader copies each frame of the response into its line buffer), so that the event is its
-/// only owner and frees it once delivered, as in the binary. (Decoding straight from the
+/// A recorded line as the watch reader hands it over: in a buffer of its own, as the HTTP
+/// client's read buffer that the reader slices the line out of (a large event arrives as one
+/// frame; the copy here stands for the client filling that buffer from the socket), so that
+/// the event is its only owner and frees it once delivered, as in the binary. (Decoding straight from the
 /// recording would keep every object alive for the whole run and make each later allocation
 /// fresh memory, which the binary does not do.)
 pub fn read(line: &bytes::Bytes) -> bytes::Bytes {
