@@ -69,6 +69,9 @@ impl Change {
 pub struct CloudEvent {
     pub attributes: Event,
     pub data: Bytes,
+    /// The structured form, when built ahead by [`CloudEvent::seal_structured`]; `data` is
+    /// then a slice of it.
+    structured: Option<Bytes>,
 }
 
 impl CloudEvent {
@@ -86,7 +89,44 @@ impl CloudEvent {
 
     /// The structured-mode JSON: `{...attributes, "data": <object>}`.
     pub fn to_structured(&self) -> Vec<u8> {
-        self.structured_with(Some(&self.data))
+        self.structured_bytes().into()
+    }
+
+    /// The structured-mode JSON as shared bytes: the sealed buffer itself when the event was
+    /// sealed (no copy), else built now.
+    pub fn structured_bytes(&self) -> Bytes {
+        match self.sealed() {
+            Some(whole) => whole.clone(),
+            None => Bytes::from(self.structured_with(Some(&self.data))),
+        }
+    }
+
+    /// The structured form built by [`CloudEvent::seal_structured`], if it is still the event's.
+    pub fn sealed(&self) -> Option<&Bytes> {
+        let whole = self.structured.as_ref()?;
+        // `data` still the slice made by the seal (a shaping step after it would have replaced
+        // it); attributes changed after it are caught by the debug check.
+        if self.data.len() >= whole.len() || self.data.as_ptr() != whole[whole.len() - 1 - self.data.len()..].as_ptr() {
+            return None;
+        }
+        debug_assert!(
+            whole[..] == self.structured_with(Some(&self.data))[..],
+            "the event was changed after seal_structured"
+        );
+        Some(whole)
+    }
+
+    /// Builds the structured form now, once, and makes `data` a slice of it: for sinks that
+    /// send structured events, the object is copied into its message here, where the pipeline
+    /// has just read it (in cache), rather than at send time, after waiting in the queue, and
+    /// only one buffer per event stays alive (the watch line's is released). Call after the
+    /// event's last change (shaping, trace context); debug builds check that nothing changed.
+    pub fn seal_structured(&mut self) {
+        let whole = Bytes::from(self.structured_with(Some(&self.data)));
+        // `...,"data":<data>}`: the data ends just before the closing brace.
+        let end = whole.len() - 1;
+        self.data = whole.slice(end - self.data.len()..end);
+        self.structured = Some(whole);
     }
 
     /// The structured-mode JSON without `data` (e.g. when the object is too large).
@@ -202,7 +242,7 @@ impl EventSource {
             .build()
             .map_err(EventError::Build)?;
         attributes.set_datacontenttype(Some("application/json"));
-        Ok(CloudEvent { attributes, data })
+        Ok(CloudEvent { attributes, data, structured: None })
     }
 }
 
@@ -239,6 +279,29 @@ mod tests {
         assert_eq!(json["origin"], "watch");
         assert_eq!(json["data"]["kind"], "Deployment");
         assert_eq!(json["datacontenttype"], "application/json");
+    }
+
+    #[test]
+    fn a_sealed_event_shares_one_buffer_and_stays_the_same_json() {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let src = Arc::new(EventSource::new("c", &ar));
+        let obj = RawObject::from_value(&serde_json::json!({"metadata": {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": "1"}, "spec": {"s": "}"}}))
+            .unwrap();
+        let mut ev =
+            Change { verb: Verb::Added, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
+        let (before, data) = (ev.to_structured(), ev.data.clone());
+        assert!(ev.sealed().is_none());
+        ev.seal_structured();
+        let whole = ev.sealed().expect("sealed").clone();
+        assert_eq!(whole[..], before[..]);
+        assert_eq!(ev.data, data);
+        assert!(whole.as_ptr_range().contains(&ev.data.as_ptr()), "data is a slice of the structured form");
+        assert_eq!(ev.structured_bytes().as_ptr(), whole.as_ptr(), "no copy at send time");
+        // Data replaced after the seal (as a later shaping step would): built anew.
+        ev.data = Bytes::from_static(b"{}");
+        assert!(ev.sealed().is_none());
+        let json: serde_json::Value = serde_json::from_slice(&ev.structured_bytes()).unwrap();
+        assert_eq!(json["data"], serde_json::json!({}));
     }
 
     #[test]

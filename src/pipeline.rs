@@ -161,7 +161,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     ));
     let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
     let shapers: Vec<Shaper> = config.resources.iter().map(Shaper::new).collect();
-    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, shapers));
+    let shaper = tokio::spawn(shape_all(rx, jobs_tx, streams, shapers, sink.sends_structured()));
     let d = &config.delivery;
     let retry = RetryPolicy::new(d);
     let queue = Queue {
@@ -357,13 +357,14 @@ async fn shape_all(
     tx: mpsc::Sender<Job>,
     streams: Vec<Stream>,
     mut shapers: Vec<Shaper>,
+    seal: bool,
 ) {
     // Items are taken in batches (one wake-up of this task per batch, and the permits of a
     // whole batch returned to the reflectors at once).
     let mut items = Vec::with_capacity(SHAPE_BATCH);
     while rx.recv_many(&mut items, SHAPE_BATCH).await > 0 {
         for item in items.drain(..) {
-            let job = shape(item, &streams, &mut shapers);
+            let job = shape(item, &streams, &mut shapers, seal);
             if tx.send(job).await.is_err() {
                 return;
             }
@@ -371,7 +372,9 @@ async fn shape_all(
     }
 }
 
-fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper]) -> Job {
+/// `seal`: the sink sends structured events, built here once
+/// ([`crate::event::CloudEvent::seal_structured`]).
+fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], seal: bool) -> Job {
     let stream = &streams[item.stream];
     let shaper = &mut shapers[stream.resource_index];
     let m = &stream.metrics;
@@ -423,6 +426,9 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper]) -> Job {
                         t.end(format!("filtered ({})", why.as_str()).into(), None);
                     }
                     return None;
+                }
+                if seal {
+                    event.seal_structured();
                 }
                 Some(Outbound { event, key, fields, route: stream.route.clone(), trace })
             }

@@ -287,9 +287,16 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiRe
     settle();
     let (threads0, cpu0, t0) = (thread_cpu(), cpu_seconds(), Instant::now());
     let (tx, rx) = mpsc::channel::<Job>(1024);
+    // As `pipeline::shape`: a structured-mode sink gets its events' structured form built
+    // when they are made.
+    let seal = queue.sink.sends_structured();
     let producer = tokio::spawn(async move {
         for (seq, line) in recording.iter().enumerate() {
-            if tx.send(job(seq as u64, line, &source)).await.is_err() {
+            let mut job = job(seq as u64, line, &source);
+            if seal {
+                job.msg.as_mut().expect("an event").event.seal_structured();
+            }
+            if tx.send(job).await.is_err() {
                 return;
             }
         }

@@ -151,6 +151,10 @@ pub struct KafkaSink {
 }
 
 impl KafkaSink {
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     pub fn new(cfg: &KafkaConfig) -> Result<Self, SinkError> {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &cfg.brokers);
@@ -307,7 +311,11 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
         Mode::Structured => {
             let headers = OwnedHeaders::new_with_capacity(1)
                 .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
-            (Cow::Owned(event.to_structured()), headers)
+            let payload = match event.sealed() {
+                Some(whole) => Cow::Borrowed(&whole[..]),
+                None => Cow::Owned(event.to_structured()),
+            };
+            (payload, headers)
         }
         Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(event)),
     };

@@ -103,6 +103,16 @@ impl Sink {
         }
     }
 
+    /// Whether the sink sends events in structured mode (the pipeline then builds that form
+    /// once, when the event is made: [`CloudEvent::seal_structured`]).
+    pub fn sends_structured(&self) -> bool {
+        match self {
+            Sink::Stdout(_) | Sink::File(_) => false,
+            Sink::Kafka(s) => s.mode() == kafka::Mode::Structured,
+            Sink::Nats(s) => s.mode() == nats::Mode::Structured,
+        }
+    }
+
     /// `messaging.system` of traces.
     pub fn system(&self) -> &'static str {
         match self {

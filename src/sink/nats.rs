@@ -363,6 +363,10 @@ impl NatsSink {
         self.connected.clone()
     }
 
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
     pub fn jetstream(&self) -> bool {
         self.js.is_some()
     }
@@ -624,7 +628,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
     match mode {
         Mode::Structured => {
             headers.insert("Content-Type", STRUCTURED_CONTENT_TYPE);
-            (Bytes::from(event.to_structured()), headers)
+            (event.structured_bytes(), headers)
         }
         Mode::Binary => {
             let mut put = |name: &str, v: &str| match ce_header(name) {
