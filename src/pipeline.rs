@@ -430,7 +430,7 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], seal: bool) -> 
                 if seal {
                     event.seal_structured();
                 }
-                Some(Outbound { event, key, fields, route: stream.route.clone(), trace })
+                Some(Box::new(Outbound { event, key, fields, route: stream.route.clone(), trace }))
             }
             // Cannot happen with objects from a real apiserver (they all have uid and
             // resourceVersion); acknowledged so the stream does not stall on it.

@@ -329,7 +329,7 @@ pub fn job(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Job {
         stream: 0,
         seq,
         effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
-        msg: Some(Outbound { event, key: uid, fields, route: None, trace: None }),
+        msg: Some(Box::new(Outbound { event, key: uid, fields, route: None, trace: None })),
         limiter: None,
         verb: Verb::Modified,
     }

@@ -36,7 +36,9 @@ pub struct Job {
     pub stream: usize,
     pub seq: u64,
     pub effect: Effect,
-    pub msg: Option<Outbound>,
+    /// Boxed: a job is moved several times (channel, batch, per-key wait, in-flight future)
+    /// and the event is most of its size.
+    pub msg: Option<Box<Outbound>>,
     /// The resource's own rate limit, if it has one (in addition to the shared one).
     pub limiter: Option<Limiter>,
     /// The change's verb (metrics labels).
