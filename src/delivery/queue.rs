@@ -74,6 +74,10 @@ impl Queue {
         let hasher = foldhash::fast::RandomState::default();
         let slot = |key: &str| hasher.hash_one(key);
         let mut per_key: HashMap<u64, VecDeque<Job>, foldhash::fast::RandomState> = HashMap::default();
+        // Emptied per-key queues that own an allocation, kept for the next key that needs one
+        // (an object with a second event while its first is in flight): no allocation and free
+        // per such event.
+        let mut spare: Vec<VecDeque<Job>> = Vec::new();
         // Jobs that may start now (each the only one of its key ready or in flight).
         let mut ready: VecDeque<Job> = VecDeque::new();
         // One future type (no box per event): each lives in its FuturesUnordered task node.
@@ -110,7 +114,11 @@ impl Queue {
                     match per_key.get_mut(&key).and_then(VecDeque::pop_front) {
                         Some(next) => ready.push_back(next),
                         None => {
-                            per_key.remove(&key);
+                            if let Some(emptied) = per_key.remove(&key) {
+                                if emptied.capacity() > 0 && spare.len() < SPARE_QUEUES {
+                                    spare.push(emptied);
+                                }
+                            }
                         }
                     }
                     self.ack(job);
@@ -128,7 +136,7 @@ impl Queue {
                         match per_key.entry(slot(&msg.key)) {
                             Entry::Occupied(mut waiting) => waiting.get_mut().push_back(job),
                             Entry::Vacant(free) => {
-                                free.insert(VecDeque::new());
+                                free.insert(spare.pop().unwrap_or_default());
                                 ready.push_back(job);
                             }
                         }
@@ -164,6 +172,9 @@ impl Queue {
         }
     }
 }
+
+/// At most this many emptied per-key queues are kept for reuse (each holds a few jobs' room).
+const SPARE_QUEUES: usize = 1024;
 
 /// How many free places the queue waits for, once full, before it takes jobs again: an
 /// eighth of its capacity, at most 256.
