@@ -593,6 +593,10 @@ fn classify(subject: &str, e: jetstream::context::PublishError) -> SendError {
 const HEADER_VALUE: &AsciiSet = &CONTROLS.add(b' ').add(b'"').add(b'%');
 
 fn header_value(v: &str) -> String {
+    // Most values (ids, times, names, versions) need no escape: copied as they are.
+    if v.bytes().all(|b| matches!(b, 0x21..=0x7e) && b != b'"' && b != b'%') {
+        return v.to_owned();
+    }
     Cow::from(utf8_percent_encode(v, HEADER_VALUE)).into_owned()
 }
 
@@ -631,25 +635,26 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
             (event.structured_bytes(), headers)
         }
         Mode::Binary => {
-            let mut put = |name: &str, v: &str| match ce_header(name) {
-                Some(n) => headers.insert(n, header_value(v)),
-                None => headers.insert(format!("ce-{name}"), header_value(v)),
+            // `value`: already percent-encoded.
+            let mut put = |name: &str, value: String| match ce_header(name) {
+                Some(n) => headers.insert(n, value),
+                None => headers.insert(format!("ce-{name}"), value),
             };
             for (name, value) in event.attributes.iter_attributes() {
                 match value {
-                    AttributeValue::Time(t) => put(name, &t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
-                    AttributeValue::String(s) => put(name, s),
-                    AttributeValue::URIRef(s) => put(name, s),
-                    other => put(name, &other.to_string()),
+                    // Digits, `-`, `:`, `.`, `T`, `Z`: nothing to encode.
+                    AttributeValue::Time(t) => put(name, t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+                    AttributeValue::String(s) => put(name, header_value(s)),
+                    AttributeValue::URIRef(s) => put(name, header_value(s)),
+                    other => put(name, header_value(&other.to_string())),
                 }
             }
             for (name, value) in event.attributes.iter_extensions() {
-                let v = match value {
-                    ExtensionValue::String(s) => Cow::Borrowed(s.as_str()),
-                    ExtensionValue::Boolean(b) => Cow::Owned(b.to_string()),
-                    ExtensionValue::Integer(i) => Cow::Owned(i.to_string()),
-                };
-                put(name, &v);
+                match value {
+                    ExtensionValue::String(s) => put(name, header_value(s)),
+                    ExtensionValue::Boolean(b) => put(name, b.to_string()),
+                    ExtensionValue::Integer(i) => put(name, i.to_string()),
+                }
             }
             (event.data.clone(), headers)
         }
@@ -673,6 +678,11 @@ mod tests {
         assert_eq!(header_value("ns/name"), "ns/name");
         assert_eq!(header_value("a b\"c%d"), "a%20b%22c%25d");
         assert_eq!(header_value("grüße\n"), "gr%C3%BC%C3%9Fe%0A");
+        // The edges of what is copied as it is.
+        assert_eq!(header_value("!~2026-11-22T03:04:05.123Z"), "!~2026-11-22T03:04:05.123Z");
+        assert_eq!(header_value("\x7f"), "%7F");
+        assert_eq!(header_value("a%"), "a%25");
+        assert_eq!(header_value(""), "");
     }
 
     #[test]
