@@ -129,6 +129,15 @@ impl CloudEvent {
         self.structured = Some(whole);
     }
 
+    /// The length of [`CloudEvent::to_structured`], without copying the data.
+    pub fn structured_len(&self) -> usize {
+        match self.sealed() {
+            Some(whole) => whole.len(),
+            // `{...}` + `,"data":` + data.
+            None => self.structured_with(None).len() + br#","data":"#.len() + self.data.len(),
+        }
+    }
+
     /// The structured-mode JSON without `data` (e.g. when the object is too large).
     pub fn to_structured_without_data(&self) -> Vec<u8> {
         self.structured_with(None)
@@ -290,16 +299,19 @@ mod tests {
         let mut ev =
             Change { verb: Verb::Added, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
         let (before, data) = (ev.to_structured(), ev.data.clone());
+        assert_eq!(ev.structured_len(), before.len());
         assert!(ev.sealed().is_none());
         ev.seal_structured();
         let whole = ev.sealed().expect("sealed").clone();
         assert_eq!(whole[..], before[..]);
+        assert_eq!(ev.structured_len(), before.len());
         assert_eq!(ev.data, data);
         assert!(whole.as_ptr_range().contains(&ev.data.as_ptr()), "data is a slice of the structured form");
         assert_eq!(ev.structured_bytes().as_ptr(), whole.as_ptr(), "no copy at send time");
         // Data replaced after the seal (as a later shaping step would): built anew.
         ev.data = Bytes::from_static(b"{}");
         assert!(ev.sealed().is_none());
+        assert_eq!(ev.structured_len(), ev.to_structured().len());
         let json: serde_json::Value = serde_json::from_slice(&ev.structured_bytes()).unwrap();
         assert_eq!(json["data"], serde_json::json!({}));
     }

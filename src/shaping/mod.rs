@@ -369,7 +369,7 @@ impl Shaper {
     /// payload, with the extension `truncated = true`.
     /// `fallback`: the metadata payload of the shaped object (else taken from the data).
     fn cap(&self, event: &mut CloudEvent, fallback: Option<Value>) {
-        if self.max_event_bytes == 0 || event.to_structured().len() <= self.max_event_bytes {
+        if self.max_event_bytes == 0 || event.structured_len() <= self.max_event_bytes {
             return;
         }
         let meta = fallback
