@@ -32,10 +32,8 @@ use std::future::Future;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// As the binary's `main`: the allocator's options first, then the runtime.
 fn main() {
-    kubecast::allocator::configure();
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+    common::run_like_the_binary(run());
 }
 
 async fn run() {

@@ -35,10 +35,8 @@ const CONFIGS: &[(&str, &str)] = &[
     ("payload = metadata", "payload = \"metadata\""),
 ];
 
-/// As the binary's `main`: the allocator's options first, then the runtime.
 fn main() {
-    kubecast::allocator::configure();
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(run());
+    common::run_like_the_binary(run());
 }
 
 async fn run() {

@@ -10,7 +10,7 @@
 //!
 //! The standard `MIMALLOC_PURGE_DELAY` variable (milliseconds; -1 = never) overrides it.
 
-use libmimalloc_sys::{mi_option_get, mi_option_set, mi_option_t};
+use libmimalloc_sys::{mi_option_set, mi_option_t};
 
 /// `mi_option_purge_delay` of mimalloc v3 (`mimalloc.h`); the sys crate does not name it.
 const PURGE_DELAY: mi_option_t = 15;
@@ -27,15 +27,16 @@ pub fn configure() {
     }
 }
 
-/// The purge epoch in effect, in milliseconds (-1: never).
-pub fn purge_delay_ms() -> i64 {
-    // SAFETY: reads mimalloc's option table.
-    unsafe { mi_option_get(PURGE_DELAY) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use libmimalloc_sys::mi_option_get;
+
+    /// The purge epoch in effect, in milliseconds (-1: never).
+    fn purge_delay_ms() -> i64 {
+        // SAFETY: reads mimalloc's option table.
+        unsafe { mi_option_get(PURGE_DELAY) }
+    }
 
     #[test]
     fn the_option_index_is_the_purge_delay() {

@@ -89,7 +89,10 @@ impl CloudEvent {
 
     /// The structured-mode JSON: `{...attributes, "data": <object>}`.
     pub fn to_structured(&self) -> Vec<u8> {
-        self.structured_bytes().into()
+        match self.sealed() {
+            Some(whole) => whole.to_vec(),
+            None => self.structured_with(Some(&self.data)),
+        }
     }
 
     /// The structured-mode JSON as shared bytes: the sealed buffer itself when the event was

@@ -70,6 +70,13 @@ pub fn payloads(recording: &[bytes::Bytes]) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// Runs `work` as the binary's `main` runs kubecast: the allocator's options set first, then
+/// a multi-threaded runtime.
+pub fn run_like_the_binary<F: std::future::Future>(work: F) -> F::Output {
+    kubecast::allocator::configure();
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(work)
+}
+
 /// A recorded line as the watch reader hands it over: in a buffer of its own, as the HTTP
 /// client's read buffer that the reader slices the line out of (a large event arrives as one
 /// frame; the copy here stands for the client filling that buffer from the socket), so that
@@ -281,7 +288,7 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiRe
         metrics: vec![Arc::new(kubecast::metrics::StreamMetrics::new("", "Pod", "bench"))],
     };
     let source = Arc::new(EventSource::new("bench", ar));
-    // Shared, not copied: the measured work reads each line where it was recorded.
+    // Shared with the caller; each line is copied as it is read (`job`, `read`).
     let recording = recording.clone();
     let events = recording.len();
     settle();
