@@ -344,8 +344,9 @@ pub fn job(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Job {
 
 /// CPU seconds (user + system) of each live thread of this process, summed by thread name
 /// with trailing digits dropped (`rdk:broker1` -> `rdk:broker`), the CPU seconds of the test
-/// environment's Kafka and NATS servers (`kafka server`, `nats server`), and the process's
-/// minor page faults: a snapshot, to show where a measured window's CPU went (see [`cpu_split`]).
+/// environment's Kafka and NATS servers (`kafka server`, `nats server`) with their read and
+/// write system calls, how often this process's threads slept (`thread sleeps`), and the
+/// process's minor page faults: a snapshot, to show where a measured window's CPU went (see [`cpu_split`]).
 pub fn thread_cpu() -> (std::collections::BTreeMap<String, f64>, u64) {
     let mut out = std::collections::BTreeMap::new();
     for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
@@ -355,6 +356,13 @@ pub fn thread_cpu() -> (std::collections::BTreeMap<String, f64>, u64) {
         let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
         let cpu = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
         *out.entry(name).or_insert(0.0) += cpu;
+        // How often the thread went to sleep (voluntary switches: it waited for work).
+        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
+            let switches = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"));
+            if let Some(n) = switches.and_then(|v| v.trim().parse::<f64>().ok()) {
+                *out.entry("thread sleeps".to_string()).or_insert(0.0) += n;
+            }
+        }
     }
     // The test environment's servers (not threads of this process): their CPU is on the
     // same cores, so what a side costs the broker shows too.
@@ -363,6 +371,14 @@ pub fn thread_cpu() -> (std::collections::BTreeMap<String, f64>, u64) {
         let Ok(pid) = std::fs::read_to_string(state.join(server).join("pid")) else { continue };
         if let Some(cpu) = process_cpu(&format!("/proc/{}/stat", pid.trim())) {
             out.insert(format!("{server} server"), cpu);
+        }
+        // Its read and write system calls (how many messages each one moves).
+        if let Ok(io) = std::fs::read_to_string(format!("/proc/{}/io", pid.trim())) {
+            for (field, name) in [("syscr: ", "reads"), ("syscw: ", "writes")] {
+                if let Some(n) = io.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.parse::<f64>().ok()) {
+                    out.insert(format!("{server} server {name}"), n);
+                }
+            }
         }
     }
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
@@ -379,7 +395,11 @@ pub fn cpu_split(before: &(std::collections::BTreeMap<String, f64>, u64), events
         .iter()
         .map(|(name, cpu)| (name, cpu - before.0.get(name).copied().unwrap_or(0.0)))
         .filter(|(_, d)| *d > 0.0)
-        .map(|(name, d)| format!("{name} {:.1} µs", d / events as f64 * 1e6))
+        .map(|(name, d)| match name.ends_with(" reads") || name.ends_with(" writes") || name.ends_with(" sleeps") {
+            // Counts per event.
+            true => format!("{name} {:.2}", d / events as f64),
+            false => format!("{name} {:.1} µs", d / events as f64 * 1e6),
+        })
         .collect();
     parts.push(format!("{:.2} page faults", (after.1 - before.1) as f64 / events as f64));
     format!("per event: {}", parts.join(", "))
