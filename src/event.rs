@@ -9,14 +9,14 @@
 //! * `subject` = `namespace/name`, or `name` for cluster-scoped objects.
 //! * extensions: `partitionkey` (uid), `resourceversion`, `origin` (snapshot | watch | resync).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use std::borrow::Cow;
 
-use cloudevents::event::{AttributeValue, ExtensionValue};
-use cloudevents::{AttributesWriter, Event, EventBuilder, EventBuilderV10};
+pub use cloudevents::event::ExtensionValue;
 use kube::api::ApiResource;
 
 use crate::config::Verb;
@@ -61,30 +61,209 @@ impl Change {
     }
 }
 
-/// A CloudEvent ready to send: its attributes (a cloudevents-sdk [`Event`] without data, but
-/// with `datacontenttype`) and its data, the object as JSON, serialized once. Sinks use the
-/// bytes as they are (binary mode: Kafka borrows them, NATS shares them by reference count)
-/// or splice them into the structured form.
+/// A CloudEvent ready to send: its attributes and its data, the object as JSON, serialized
+/// once. Sinks use the bytes as they are (binary mode: Kafka borrows them, NATS shares them by
+/// reference count) or splice them into the structured form.
 #[derive(Debug, Clone)]
 pub struct CloudEvent {
-    pub attributes: Event,
+    pub attributes: Attributes,
     pub data: Bytes,
     /// The structured form, when built ahead by [`CloudEvent::seal_structured`]; `data` is
     /// then a slice of it.
     structured: Option<Bytes>,
 }
 
-impl CloudEvent {
+/// The attributes of a kubecast CloudEvent (spec 1.0), in two allocations per event.
+///
+/// Not the cloudevents-sdk `Event`: that one holds every attribute and extension in a `String`
+/// of its own and the extensions in a `HashMap` with `String` keys, 12 allocations per event
+/// (built by the reflector's thread, freed by the queue's: each free then a cache miss). Here
+/// the id `{uid}:{rv}:{verb}` holds `partitionkey` and `resourceversion` too, `source` and
+/// `type` are per resource type (interned), `origin` and `datacontenttype` are constants, and
+/// further extensions (shaping, trace context: not on every event) sit in a short list. The
+/// SDK stays the reference: [`Attributes::to_sdk`], and a test checks that the structured JSON
+/// is the SDK's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attributes {
+    /// `{uid}:{rv}:{verb}`.
+    id: String,
+    uid_len: usize,
+    rv_len: usize,
+    source: &'static str,
+    ty: &'static str,
+    subject: String,
+    time: DateTime<Utc>,
+    datacontenttype: &'static str,
+    origin: Origin,
+    /// Other extensions, in name order.
+    others: Vec<(&'static str, ExtensionValue)>,
+}
+
+/// An attribute's value as the encoders read it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AttributeValue<'a> {
+    Str(&'a str),
+    Time(&'a DateTime<Utc>),
+    Bool(bool),
+    Int(i64),
+}
+
+impl AttributeValue<'_> {
+    /// The value as text (a header value): strings as they are, the time in RFC 3339 with
+    /// `Z`, booleans and integers as JSON writes them.
+    pub fn text(&self) -> Cow<'_, str> {
+        match *self {
+            AttributeValue::Str(s) => Cow::Borrowed(s),
+            AttributeValue::Time(t) => Cow::Owned(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
+            AttributeValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
+            AttributeValue::Int(i) => Cow::Owned(i.to_string()),
+        }
+    }
+}
+
+impl<'a> From<&'a ExtensionValue> for AttributeValue<'a> {
+    fn from(v: &'a ExtensionValue) -> Self {
+        match v {
+            ExtensionValue::String(s) => AttributeValue::Str(s),
+            ExtensionValue::Boolean(b) => AttributeValue::Bool(*b),
+            ExtensionValue::Integer(i) => AttributeValue::Int(*i),
+        }
+    }
+}
+
+/// The extensions every event has (its `id` or constants).
+const OWN_EXTENSIONS: [&str; 3] = ["origin", "partitionkey", "resourceversion"];
+
+impl Attributes {
     pub fn id(&self) -> &str {
-        cloudevents::AttributesReader::id(&self.attributes)
+        &self.id
     }
 
-    /// The extensions in name order (the SDK keeps them in a hash map): every event of a stream
-    /// lists them in the same order.
-    pub fn extensions(&self) -> Vec<(&str, &ExtensionValue)> {
-        let mut extensions: Vec<(&str, &ExtensionValue)> = self.attributes.iter_extensions().collect();
-        extensions.sort_unstable_by_key(|(name, _)| *name);
-        extensions
+    pub fn source(&self) -> &str {
+        self.source
+    }
+
+    pub fn ty(&self) -> &str {
+        self.ty
+    }
+
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
+    pub fn time(&self) -> &DateTime<Utc> {
+        &self.time
+    }
+
+    pub fn datacontenttype(&self) -> &str {
+        self.datacontenttype
+    }
+
+    pub fn set_datacontenttype(&mut self, content_type: &'static str) {
+        self.datacontenttype = content_type;
+    }
+
+    /// The object's uid (the `partitionkey` extension).
+    pub fn partition_key(&self) -> &str {
+        &self.id[..self.uid_len]
+    }
+
+    /// The object's resourceVersion (the `resourceversion` extension).
+    pub fn resource_version(&self) -> &str {
+        &self.id[self.uid_len + 1..self.uid_len + 1 + self.rv_len]
+    }
+
+    /// Sets (or replaces) extension `name`; not one of `origin`, `partitionkey`,
+    /// `resourceversion`, which every event has from its change.
+    pub fn set_extension(&mut self, name: &'static str, value: impl Into<ExtensionValue>) {
+        assert!(!OWN_EXTENSIONS.contains(&name), "extension {name:?} comes from the change");
+        let value = value.into();
+        match self.others.binary_search_by(|(n, _)| (*n).cmp(name)) {
+            Ok(at) => self.others[at].1 = value,
+            Err(at) => self.others.insert(at, (name, value)),
+        }
+    }
+
+    pub fn extension(&self, name: &str) -> Option<AttributeValue<'_>> {
+        self.extensions().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// The context attributes in the SDK's order: specversion, id, type, source,
+    /// datacontenttype, subject, time.
+    pub fn iter_attributes(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
+        [
+            ("specversion", AttributeValue::Str("1.0")),
+            ("id", AttributeValue::Str(&self.id)),
+            ("type", AttributeValue::Str(self.ty)),
+            ("source", AttributeValue::Str(self.source)),
+            ("datacontenttype", AttributeValue::Str(self.datacontenttype)),
+            ("subject", AttributeValue::Str(&self.subject)),
+            ("time", AttributeValue::Time(&self.time)),
+        ]
+        .into_iter()
+    }
+
+    /// The extensions in name order: every event of a stream lists them in the same order.
+    pub fn extensions(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
+        let own = [
+            ("origin", AttributeValue::Str(self.origin.as_str())),
+            ("partitionkey", AttributeValue::Str(self.partition_key())),
+            ("resourceversion", AttributeValue::Str(self.resource_version())),
+        ];
+        let (mut own, mut others) = (own.into_iter().peekable(), self.others.iter().peekable());
+        std::iter::from_fn(move || match (own.peek(), others.peek()) {
+            (Some((a, _)), Some((b, _))) if b < a => others.next().map(|(n, v)| (*n, v.into())),
+            (Some(_), _) => own.next(),
+            (None, _) => others.next().map(|(n, v)| (*n, v.into())),
+        })
+    }
+
+    /// The same attributes as a cloudevents-sdk event (the reference the tests compare with).
+    pub fn to_sdk(&self) -> cloudevents::Event {
+        use cloudevents::{AttributesWriter, EventBuilder, EventBuilderV10};
+        let mut event = EventBuilderV10::new()
+            .id(self.id.clone())
+            .source(self.source)
+            .ty(self.ty)
+            .subject(self.subject.clone())
+            .time(self.time)
+            .build()
+            .expect("id, source and type are set");
+        event.set_datacontenttype(Some(self.datacontenttype));
+        for (name, value) in self.extensions() {
+            let value = match value {
+                AttributeValue::Str(s) => ExtensionValue::String(s.to_string()),
+                AttributeValue::Bool(b) => ExtensionValue::Boolean(b),
+                AttributeValue::Int(i) => ExtensionValue::Integer(i),
+                AttributeValue::Time(t) => ExtensionValue::String(t.to_rfc3339()),
+            };
+            event.set_extension(name, value);
+        }
+        event
+    }
+}
+
+/// `s` as a string that lives as long as the process, the same one for equal strings: the
+/// per-resource-type `source` and `type` of events (a few per watched resource).
+fn intern(s: String) -> &'static str {
+    static STRINGS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut strings = STRINGS.get_or_init(Default::default).lock().expect("interned strings");
+    if let Some(known) = strings.get(s.as_str()) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(s.into_boxed_str());
+    strings.insert(leaked);
+    leaked
+}
+
+impl CloudEvent {
+    pub fn id(&self) -> &str {
+        self.attributes.id()
+    }
+
+    /// The extensions in name order.
+    pub fn extensions(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
+        self.attributes.extensions()
     }
 
     /// The structured-mode JSON: `{...attributes, "data": <object>}`.
@@ -152,31 +331,23 @@ impl CloudEvent {
     fn structured_with(&self, data: Option<&[u8]>) -> Vec<u8> {
         let mut out = Vec::with_capacity(512 + data.map_or(0, <[u8]>::len));
         out.push(b'{');
+        // Attribute names are lowercase letters and digits (spec): written as they are.
         let member = |out: &mut Vec<u8>, name: &str| {
             if out.len() > 1 {
                 out.push(b',');
             }
-            serde_json::to_writer(&mut *out, name).expect("a string serialises");
-            out.push(b':');
+            out.push(b'"');
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(b"\":");
         };
-        for (name, value) in self.attributes.iter_attributes() {
-            member(&mut out, name);
-            let text = match value {
-                AttributeValue::Time(t) => Cow::Owned(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
-                AttributeValue::String(s) => Cow::Borrowed(s),
-                AttributeValue::URIRef(u) => Cow::Borrowed(u.as_str()),
-                other => Cow::Owned(other.to_string()),
-            };
-            serde_json::to_writer(&mut out, text.as_ref()).expect("a string serialises");
-        }
-        for (name, value) in self.extensions() {
+        for (name, value) in self.attributes.iter_attributes().chain(self.attributes.extensions()) {
             member(&mut out, name);
             match value {
-                ExtensionValue::String(s) => serde_json::to_writer(&mut out, s),
-                ExtensionValue::Boolean(b) => serde_json::to_writer(&mut out, b),
-                ExtensionValue::Integer(i) => serde_json::to_writer(&mut out, i),
+                AttributeValue::Str(s) => json_string(&mut out, s),
+                AttributeValue::Time(_) => json_string(&mut out, &value.text()),
+                AttributeValue::Bool(b) => out.extend_from_slice(if b { b"true" } else { b"false" }),
+                AttributeValue::Int(i) => out.extend_from_slice(i.to_string().as_bytes()),
             }
-            .expect("an extension serialises");
         }
         if let Some(data) = data {
             member(&mut out, "data");
@@ -187,13 +358,26 @@ impl CloudEvent {
     }
 }
 
+/// `s` as a JSON string: copied as it is when nothing in it needs an escape (ids, names,
+/// times: nearly always), else escaped by serde_json.
+fn json_string(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        serde_json::to_writer(&mut *out, s).expect("a string serialises");
+    }
+}
+
 /// Per-resource-type parts of every event (computed once per stream).
 #[derive(Debug, Clone)]
 pub struct EventSource {
-    source: String,
-    type_prefix: String,
+    source: &'static str,
+    /// `type` per verb, in [`Verb::ALL`] order.
+    types: [&'static str; 3],
     resource: ApiResource,
-    type_fields: Arc<TypeFields>,
+    type_fields: &'static TypeFields,
 }
 
 impl EventSource {
@@ -203,22 +387,23 @@ impl EventSource {
         } else {
             format!("k8s://{cluster}/apis/{}/{}/{}", ar.group, ar.version, ar.plural)
         };
-        let type_fields = Arc::new(TypeFields::new(cluster, ar));
+        let type_fields = TypeFields::new(cluster, ar).intern();
+        let ty = |verb: Verb| intern(format!("io.kubecast.{}.{}.{}", type_fields.group, ar.kind, verb.as_str()));
         Self {
-            source,
-            type_prefix: format!("io.kubecast.{}.{}.", type_fields.group, ar.kind),
+            source: intern(source),
+            types: Verb::ALL.map(ty),
             resource: ar.clone(),
             type_fields,
         }
     }
 
     /// The destination template fields of the resource type.
-    pub fn type_fields(&self) -> &Arc<TypeFields> {
-        &self.type_fields
+    pub fn type_fields(&self) -> &'static TypeFields {
+        self.type_fields
     }
 
     pub fn source(&self) -> &str {
-        &self.source
+        self.source
     }
 
     pub fn api_resource(&self) -> &ApiResource {
@@ -229,31 +414,31 @@ impl EventSource {
     pub fn build(&self, change: Change) -> Result<CloudEvent, EventError> {
         let Change { verb, origin, object, .. } = change;
         let meta = &object.metadata;
-        let uid = meta.uid.clone().filter(|u| !u.is_empty()).ok_or(EventError::MissingField("metadata.uid"))?;
+        let uid = meta.uid.as_deref().filter(|u| !u.is_empty()).ok_or(EventError::MissingField("metadata.uid"))?;
         let rv = meta
             .resource_version
-            .clone()
+            .as_deref()
             .filter(|r| !r.is_empty())
             .ok_or(EventError::MissingField("metadata.resourceVersion"))?;
-        let name = meta.name.clone().ok_or(EventError::MissingField("metadata.name"))?;
-        let subject = match &meta.namespace {
-            Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-            _ => name,
+        let name = meta.name.as_deref().ok_or(EventError::MissingField("metadata.name"))?;
+        let subject = match meta.namespace.as_deref() {
+            Some(ns) if !ns.is_empty() => [ns, "/", name].concat(),
+            _ => name.to_string(),
+        };
+        let attributes = Attributes {
+            id: [uid, ":", rv, ":", verb.as_str()].concat(),
+            uid_len: uid.len(),
+            rv_len: rv.len(),
+            source: self.source,
+            ty: self.types[crate::metrics::verb_index(verb)],
+            subject,
+            time: Utc::now(),
+            datacontenttype: "application/json",
+            origin,
+            others: Vec::new(),
         };
         // List items come without apiVersion/kind; every payload describes itself.
         let data = object.into_json_bytes(&self.resource);
-        let mut attributes = EventBuilderV10::new()
-            .id(format!("{uid}:{rv}:{}", verb.as_str()))
-            .source(self.source.clone())
-            .ty(format!("{}{}", self.type_prefix, verb.as_str()))
-            .subject(subject)
-            .time(Utc::now())
-            .extension("partitionkey", uid)
-            .extension("resourceversion", rv)
-            .extension("origin", origin.as_str())
-            .build()
-            .map_err(EventError::Build)?;
-        attributes.set_datacontenttype(Some("application/json"));
         Ok(CloudEvent { attributes, data, structured: None })
     }
 }
@@ -262,8 +447,6 @@ impl EventSource {
 pub enum EventError {
     #[error("object has no {0}; it cannot be given a stable event id")]
     MissingField(&'static str),
-    #[error("invalid CloudEvent: {0}")]
-    Build(cloudevents::event::EventBuilderError),
 }
 
 #[cfg(test)]
@@ -330,9 +513,8 @@ mod tests {
         ev.attributes.set_extension("truncated", ExtensionValue::Boolean(true));
         ev.attributes.set_extension("attempt", ExtensionValue::Integer(3));
         ev.attributes.set_extension("payload", ExtensionValue::String("full\u{e9}\"".into()));
-        ev.attributes.set_dataschema(Some(url::Url::parse("https://example.com/s").unwrap()));
         let ours: serde_json::Value = serde_json::from_slice(&ev.to_structured()).unwrap();
-        let mut sdk = serde_json::to_value(&ev.attributes).unwrap();
+        let mut sdk = serde_json::to_value(ev.attributes.to_sdk()).unwrap();
         sdk["data"] = serde_json::from_slice(&ev.data).unwrap();
         assert_eq!(ours, sdk);
         let text = String::from_utf8(ev.to_structured()).unwrap();

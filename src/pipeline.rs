@@ -44,7 +44,6 @@ use crate::shaping::Shaper;
 use crate::sink::template::{Fields, Template, TypeFields};
 use crate::sink::{Outbound, Sink, SinkError};
 use crate::telemetry::EventTrace;
-use cloudevents::AttributesReader as _;
 
 /// Capacity of each channel between stages (reflectors -> shaping -> queue).
 const CHANNEL_CAPACITY: usize = 1024;
@@ -301,10 +300,10 @@ async fn nats_sample_subjects(config: &Config, client: &kube::Client, n: &crate:
             vec![String::new()]
         };
         let route = rc.subject.as_deref().map(|t| Template::parse(t).expect("validated"));
-        let of_type = Arc::new(TypeFields::new(&config.cluster.name, &ar));
+        let of_type = TypeFields::new(&config.cluster.name, &ar).intern();
         for namespace in namespaces {
             for verb in &rc.events {
-                let fields = Fields { of_type: of_type.clone(), namespace: namespace.clone(), verb: verb.as_str() };
+                let fields = Fields { of_type, namespace: namespace.clone(), verb: verb.as_str() };
                 let subject = n.subject_for(route.as_ref(), &fields);
                 if !out.contains(&subject) {
                     out.push(subject);
@@ -389,7 +388,7 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], seal: bool) -> 
         }
         let verb = change.verb;
         let fields = Fields {
-            of_type: change.source.type_fields().clone(),
+            of_type: change.source.type_fields(),
             namespace: change.object.metadata.namespace.clone().unwrap_or_default(),
             verb: verb.as_str(),
         };
@@ -430,7 +429,7 @@ fn shape(item: Item, streams: &[Stream], shapers: &mut [Shaper], seal: bool) -> 
                 if seal {
                     event.seal_structured();
                 }
-                Some(Box::new(Outbound { event, key, fields, route: stream.route.clone(), trace }))
+                Some(Box::new(Outbound { event, fields, route: stream.route.clone(), trace }))
             }
             // Cannot happen with objects from a real apiserver (they all have uid and
             // resourceVersion); acknowledged so the stream does not stall on it.

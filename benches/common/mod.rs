@@ -329,14 +329,14 @@ pub fn job(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Job {
         name: object.metadata.name.clone().unwrap(),
         resource_version: rv.clone(),
     };
-    let fields = Fields { of_type: source.type_fields().clone(), namespace: "shop".into(), verb: "modified" };
+    let fields = Fields { of_type: source.type_fields(), namespace: "shop".into(), verb: "modified" };
     let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
     let event = change.into_cloudevent().unwrap();
     Job {
         stream: 0,
         seq,
         effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
-        msg: Some(Box::new(Outbound { event, key: uid, fields, route: None, trace: None })),
+        msg: Some(Box::new(Outbound { event, fields, route: None, trace: None })),
         limiter: None,
         verb: Verb::Modified,
     }

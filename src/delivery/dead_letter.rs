@@ -137,14 +137,14 @@ impl DeadLetter {
                 .insert(Header { key: "kubecast_original_destination", value: Some(destination) })
         };
         let (payload, h) = kafka::encode(&msg.event, kafka::Mode::Structured);
-        match k.send_raw(topic, &msg.key, &payload, headers(h)).await {
+        match k.send_raw(topic, msg.key(), &payload, headers(h)).await {
             Ok(()) => Ok(()),
             // Too large for the dead-letter topic as well: keep the event's attributes only.
             Err(SendError::Permanent(_)) => {
                 let (_, h) = kafka::encode(&msg.event, kafka::Mode::Structured);
                 let h = h.insert(Header { key: "kubecast_data_dropped", value: Some("true") });
                 let payload = msg.event.to_structured_without_data();
-                k.send_raw(topic, &msg.key, &payload, headers(h)).await.map_err(|e| e.to_string())
+                k.send_raw(topic, msg.key(), &payload, headers(h)).await.map_err(|e| e.to_string())
             }
             Err(e) => Err(e.to_string()),
         }

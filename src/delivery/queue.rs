@@ -110,7 +110,7 @@ impl Queue {
                 Some((job, result)) = in_flight.next() => {
                     held -= 1;
                     result?;
-                    let key = slot(&job.msg.as_ref().expect("sent jobs have events").key);
+                    let key = slot(job.msg.as_ref().expect("sent jobs have events").key());
                     match per_key.get_mut(&key).and_then(VecDeque::pop_front) {
                         Some(next) => ready.push_back(next),
                         None => {
@@ -133,7 +133,7 @@ impl Queue {
                             continue;
                         };
                         held += 1;
-                        match per_key.entry(slot(&msg.key)) {
+                        match per_key.entry(slot(msg.key())) {
                             Entry::Occupied(mut waiting) => waiting.get_mut().push_back(job),
                             Entry::Vacant(free) => {
                                 free.insert(spare.pop().unwrap_or_default());

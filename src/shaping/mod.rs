@@ -27,7 +27,7 @@ pub mod json;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use cloudevents::event::{AttributesWriter, ExtensionValue};
+use crate::event::ExtensionValue;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -285,7 +285,7 @@ impl Shaper {
         };
         event.data = serde_json::to_vec(&data).expect("a Value serialises").into();
         if mode == PayloadMode::Patch {
-            event.attributes.set_datacontenttype(Some(PATCH_CONTENT_TYPE));
+            event.attributes.set_datacontenttype(PATCH_CONTENT_TYPE);
         }
         if self.payload != PayloadMode::Full {
             event.attributes.set_extension("payload", ExtensionValue::String(mode.as_str().into()));
@@ -375,7 +375,7 @@ impl Shaper {
         let meta = fallback
             .unwrap_or_else(|| metadata_only(&serde_json::from_slice::<Value>(&event.data).unwrap_or(Value::Null)));
         event.data = serde_json::to_vec(&meta).expect("a Value serialises").into();
-        event.attributes.set_datacontenttype(Some("application/json"));
+        event.attributes.set_datacontenttype("application/json");
         if self.payload != PayloadMode::Full {
             event.attributes.set_extension("payload", ExtensionValue::String(PayloadMode::Metadata.as_str().into()));
         }

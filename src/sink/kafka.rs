@@ -13,10 +13,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cloudevents::event::{AttributeValue, ExtensionValue};
 use std::borrow::Cow;
 
-use crate::event::CloudEvent;
+use crate::event::{AttributeValue, CloudEvent};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
@@ -206,9 +205,9 @@ impl KafkaSink {
     pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
         let topic = self.destination(msg);
         let (payload, headers) = encode(&msg.event, self.mode);
-        self.produce(&topic, &msg.key, Some(&payload), headers).await?;
+        self.produce(&topic, msg.key(), Some(&payload), headers).await?;
         if self.tombstones && msg.fields.verb == "deleted" {
-            self.produce(&topic, &msg.key, None, OwnedHeaders::new()).await?;
+            self.produce(&topic, msg.key(), None, OwnedHeaders::new()).await?;
         }
         Ok(())
     }
@@ -321,8 +320,8 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
     };
     // W3C trace context as plain headers too (traces on), so consumers continue the trace.
     for name in ["traceparent", "tracestate"] {
-        if let Some(ExtensionValue::String(v)) = event.attributes.extension(name) {
-            headers = headers.insert(Header { key: name, value: Some(v.as_str()) });
+        if let Some(AttributeValue::Str(v)) = event.attributes.extension(name) {
+            headers = headers.insert(Header { key: name, value: Some(v) });
         }
     }
     (payload, headers)
@@ -330,11 +329,10 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
 
 /// Binary mode: `content-type` from `datacontenttype`, `ce_<name>` for everything else.
 fn binary_headers(event: &CloudEvent) -> OwnedHeaders {
-    let attributes = &event.attributes;
     let mut headers = OwnedHeaders::new_with_capacity(12);
     let mut key = String::with_capacity(24);
-    for (name, value) in attributes.iter_attributes() {
-        let v = attribute_string(&value);
+    for (name, value) in event.attributes.iter_attributes().chain(event.extensions()) {
+        let v = value.text();
         if name == "datacontenttype" {
             headers = headers.insert(Header { key: "content-type", value: Some(v.as_ref()) });
         } else {
@@ -344,25 +342,5 @@ fn binary_headers(event: &CloudEvent) -> OwnedHeaders {
             headers = headers.insert(Header { key: &key, value: Some(v.as_ref()) });
         }
     }
-    for (name, value) in event.extensions() {
-        key.clear();
-        key.push_str("ce_");
-        key.push_str(name);
-        let v = match value {
-            ExtensionValue::String(s) => Cow::Borrowed(s.as_str()),
-            ExtensionValue::Boolean(b) => Cow::Owned(b.to_string()),
-            ExtensionValue::Integer(i) => Cow::Owned(i.to_string()),
-        };
-        headers = headers.insert(Header { key: &key, value: Some(v.as_ref()) });
-    }
     headers
-}
-
-fn attribute_string<'a>(v: &AttributeValue<'a>) -> Cow<'a, str> {
-    match *v {
-        AttributeValue::Time(t) => Cow::Owned(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
-        AttributeValue::String(s) => Cow::Borrowed(s),
-        AttributeValue::URIRef(s) => Cow::Borrowed(s.as_str()),
-        ref other => Cow::Owned(other.to_string()),
-    }
 }

@@ -57,14 +57,19 @@ pub enum SendError {
 #[derive(Debug, Clone)]
 pub struct Outbound {
     pub event: CloudEvent,
-    /// The ordering key: `partitionkey`, the object's uid.
-    pub key: String,
     /// Values for destination templates.
     pub fields: Fields,
     /// The resource's own destination template, overriding the sink's.
     pub route: Option<Arc<Template>>,
     /// The event's trace, when traces are on.
     pub trace: Option<crate::telemetry::EventTrace>,
+}
+
+impl Outbound {
+    /// The ordering key (and Kafka record key): `partitionkey`, the object's uid.
+    pub fn key(&self) -> &str {
+        self.event.attributes.partition_key()
+    }
 }
 
 /// The configured sink (enum dispatch: one variant per sink type). One per process, in an Arc.

@@ -27,14 +27,13 @@ use std::time::Duration;
 use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage};
 use async_nats::{Client, ConnectOptions, HeaderMap, HeaderName};
 use bytes::Bytes;
-use cloudevents::event::{AttributeValue, ExtensionValue};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
 use super::template::{Fields, Template, TypeFields};
 use super::{Outbound, SendError, SinkError, secret};
-use crate::event::CloudEvent;
+use crate::event::{AttributeValue, CloudEvent};
 
 pub const DEFAULT_SUBJECT: &str = "kubecast.{cluster}.{group}.{resource}.{namespace}";
 const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
@@ -270,13 +269,14 @@ impl NatsConfig {
 pub fn subject_template(s: &str) -> Result<Template, String> {
     let t = Template::parse(s)?;
     let sample = Fields {
-        of_type: std::sync::Arc::new(TypeFields {
+        of_type: TypeFields {
             cluster: "c".into(),
             group: "g".into(),
             version: "v".into(),
             kind: "K".into(),
             resource: "r".into(),
-        }),
+        }
+        .intern(),
         namespace: String::new(),
         verb: "added",
     };
@@ -625,8 +625,8 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
     let mut headers = HeaderMap::new();
     // W3C trace context as plain headers too (traces on), so consumers continue the trace.
     for name in ["traceparent", "tracestate"] {
-        if let Some(ExtensionValue::String(v)) = event.attributes.extension(name) {
-            headers.insert(name, v.as_str());
+        if let Some(AttributeValue::Str(v)) = event.attributes.extension(name) {
+            headers.insert(name, v);
         }
     }
     match mode {
@@ -640,20 +640,11 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
                 Some(n) => headers.insert(n, value),
                 None => headers.insert(format!("ce-{name}"), value),
             };
-            for (name, value) in event.attributes.iter_attributes() {
+            for (name, value) in event.attributes.iter_attributes().chain(event.extensions()) {
                 match value {
-                    // Digits, `-`, `:`, `.`, `T`, `Z`: nothing to encode.
-                    AttributeValue::Time(t) => put(name, t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
-                    AttributeValue::String(s) => put(name, header_value(s)),
-                    AttributeValue::URIRef(s) => put(name, header_value(s)),
-                    other => put(name, header_value(&other.to_string())),
-                }
-            }
-            for (name, value) in event.attributes.iter_extensions() {
-                match value {
-                    ExtensionValue::String(s) => put(name, header_value(s)),
-                    ExtensionValue::Boolean(b) => put(name, b.to_string()),
-                    ExtensionValue::Integer(i) => put(name, i.to_string()),
+                    // Digits, `-`, `:`, `.`, `T`, `Z`, or `true` / `false`: nothing to encode.
+                    AttributeValue::Str(s) => put(name, header_value(s)),
+                    other => put(name, other.text().into_owned()),
                 }
             }
             (event.data.clone(), headers)

@@ -1,21 +1,36 @@
 //! Destination templates (`topic`, later NATS `subject`): text with `{field}` placeholders.
 
+use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Mutex, OnceLock};
 
 /// The fields a destination template can use, for one event.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fields {
-    /// Those of its resource type, shared by all its events.
-    pub of_type: Arc<TypeFields>,
+    /// Those of its resource type, shared by all its events (interned: no reference count
+    /// to change per event, on two threads).
+    pub of_type: &'static TypeFields,
     /// Empty for cluster-scoped objects.
     pub namespace: String,
     /// `added`, `modified` or `deleted`.
     pub verb: &'static str,
 }
 
+impl Default for Fields {
+    fn default() -> Self {
+        static NONE: TypeFields = TypeFields {
+            cluster: String::new(),
+            group: String::new(),
+            version: String::new(),
+            kind: String::new(),
+            resource: String::new(),
+        };
+        Fields { of_type: &NONE, namespace: String::new(), verb: "" }
+    }
+}
+
 /// The fields of one resource type (in one cluster).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct TypeFields {
     pub cluster: String,
     /// `core` for the core group.
@@ -35,6 +50,19 @@ impl TypeFields {
             kind: ar.kind.clone(),
             resource: ar.plural.clone(),
         }
+    }
+
+    /// These fields for the rest of the process, the same reference for equal fields (one per
+    /// watched resource type: a bounded set).
+    pub fn intern(self) -> &'static TypeFields {
+        static KNOWN: OnceLock<Mutex<HashSet<&'static TypeFields>>> = OnceLock::new();
+        let mut known = KNOWN.get_or_init(Default::default).lock().expect("interned type fields");
+        if let Some(k) = known.get(&self) {
+            return k;
+        }
+        let leaked: &'static TypeFields = Box::leak(Box::new(self));
+        known.insert(leaked);
+        leaked
     }
 }
 
@@ -91,7 +119,7 @@ impl Template {
             match p {
                 Part::Text(t) => out.push_str(t),
                 Part::Field(i) => {
-                    let t = &*f.of_type;
+                    let t = f.of_type;
                     let v = match i {
                         0 => &t.cluster,
                         1 => &t.group,
@@ -136,12 +164,13 @@ mod tests {
     fn parse_and_render() {
         let t = Template::parse("kubecast.{cluster}.{group}.{resource}-{verb}").unwrap();
         let f = Fields {
-            of_type: Arc::new(TypeFields {
+            of_type: TypeFields {
                 cluster: "c".into(),
                 group: "apps".into(),
                 resource: "deployments".into(),
                 ..Default::default()
-            }),
+            }
+            .intern(),
             verb: "added",
             ..Default::default()
         };
