@@ -182,9 +182,9 @@ fn refill_batch(capacity: usize) -> usize {
     (capacity / 8).clamp(1, 256)
 }
 
-/// Rate limit, send, retry retriable failures with backoff, dead-letter permanent ones. The
-/// dead-letter writes are boxed: rare, and inline they would make every event's future (held
-/// in its `FuturesUnordered` node) 2.9 instead of 2.2 KB.
+/// Sends `msg` once, the common case: no rate limit to wait for, no trace, accepted at once.
+/// Everything else (rate limits, traces, retries, the dead letter) is in [`send_slowly`],
+/// boxed: inline, its state would make every in-flight event's future larger.
 async fn send_with_retries(
     sink: &Sink,
     limiter: Option<&Limiter>,
@@ -194,25 +194,60 @@ async fn send_with_retries(
     msg: &Outbound,
     (metrics, verb): (&StreamMetrics, usize),
 ) -> Result<(), DeliveryError> {
+    let mut failed = None;
+    if limiter.is_none() && resource_limiter.is_none() && msg.trace.is_none() {
+        let started = std::time::Instant::now();
+        match sink.send(msg).await {
+            Ok(()) => {
+                crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
+                metrics.published[verb].inc();
+                return Ok(());
+            }
+            Err(e) => failed = Some(e),
+        }
+    }
+    Box::pin(send_slowly(sink, limiter, resource_limiter, retry, dead_letter, msg, (metrics, verb), failed)).await
+}
+
+/// Rate limit, send, retry retriable failures with backoff, dead-letter permanent ones.
+/// `failed`: how a first attempt (by [`send_with_retries`]) failed, if one was made.
+#[allow(clippy::too_many_arguments)]
+async fn send_slowly(
+    sink: &Sink,
+    limiter: Option<&Limiter>,
+    resource_limiter: Option<&Limiter>,
+    retry: RetryPolicy,
+    dead_letter: &DeadLetter,
+    msg: &Outbound,
+    (metrics, verb): (&StreamMetrics, usize),
+    mut failed: Option<SendError>,
+) -> Result<(), DeliveryError> {
     // Built at the first retry (most events need none).
     let mut backoff = None;
     let mut attempt = 0u32;
     let mut send_span = None;
     let result = loop {
-        if let Some(l) = resource_limiter {
-            l.until_ready().await;
-        }
-        if let Some(l) = limiter {
-            l.until_ready().await;
-        }
-        if let (Some(t), None) = (&msg.trace, &send_span) {
-            t.child("queue", t.queued_at(), vec![]);
-            send_span = Some(t.send_span(sink.system(), &sink.destination(msg), msg.event.id()));
-        }
         attempt += 1;
         let started = std::time::Instant::now();
+        let outcome = match failed.take() {
+            // The first attempt, made by `send_with_retries` (no limits, no trace).
+            Some(e) => Err(e),
+            None => {
+                if let Some(l) = resource_limiter {
+                    l.until_ready().await;
+                }
+                if let Some(l) = limiter {
+                    l.until_ready().await;
+                }
+                if let (Some(t), None) = (&msg.trace, &send_span) {
+                    t.child("queue", t.queued_at(), vec![]);
+                    send_span = Some(t.send_span(sink.system(), &sink.destination(msg), msg.event.id()));
+                }
+                sink.send(msg).await
+            }
+        };
         let dead = || metrics.dead_lettered[verb].inc();
-        match sink.send(msg).await {
+        match outcome {
             Ok(()) => {
                 crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
                 metrics.published[verb].inc();

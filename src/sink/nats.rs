@@ -450,26 +450,34 @@ impl NatsSink {
         payload: Bytes,
         id: &str,
     ) -> Result<(), SendError> {
+        // Both steps that hand the message to the client are boxed: inline, their state
+        // (~900 bytes) would be part of every in-flight event's future, which then waits for
+        // its PubAck holding only the acknowledgement's (boxed) future.
         let Some(js) = &self.js else {
-            self.client
-                .publish_with_headers(subject.clone(), headers, payload)
-                .await
-                .map_err(|e| SendError::Retriable(format!("NATS publish to {subject:?}: {e}")))?;
-            return match tokio::time::timeout(self.ack_timeout, self.client.flush()).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(SendError::Retriable(format!("NATS flush: {e}"))),
-                Err(_) => Err(SendError::Retriable(format!("NATS flush: not done within {:?}", self.ack_timeout))),
-            };
+            return Box::pin(self.publish_core(subject, headers, payload)).await;
         };
         let message = PublishMessage::build().payload(payload).headers(headers).message_id(id);
         // Shared with the request (a reference count), kept for the error messages.
         let subject = async_nats::Subject::from(subject);
-        let ack = js.send_publish(subject.clone(), message).await.map_err(|e| classify(&subject, e))?;
+        let ack = Box::pin(js.send_publish(subject.clone(), message)).await.map_err(|e| classify(&subject, e))?;
         let ack = ack.await.map_err(|e| classify(&subject, e))?;
         if ack.duplicate {
             debug!(event_id = id, subject = subject.as_str(), stream = %ack.stream, "JetStream dropped a duplicate (sent before); counted as acknowledged");
         }
         Ok(())
+    }
+
+    /// Core NATS (at-most-once): publish, then flush so the message left the client.
+    async fn publish_core(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<(), SendError> {
+        self.client
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+            .map_err(|e| SendError::Retriable(format!("NATS publish to {subject:?}: {e}")))?;
+        match tokio::time::timeout(self.ack_timeout, self.client.flush()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(SendError::Retriable(format!("NATS flush: {e}"))),
+            Err(_) => Err(SendError::Retriable(format!("NATS flush: not done within {:?}", self.ack_timeout))),
+        }
     }
 }
 
