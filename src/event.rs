@@ -177,6 +177,11 @@ impl Attributes {
     /// `resourceversion`, which every event has from its change.
     pub fn set_extension(&mut self, name: &'static str, value: impl Into<ExtensionValue>) {
         assert!(!OWN_EXTENSIONS.contains(&name), "extension {name:?} comes from the change");
+        // The structured form writes names as they are (no escaping).
+        debug_assert!(
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
+            "extension names are lowercase letters and digits (CloudEvents): {name:?}"
+        );
         let value = value.into();
         match self.others.binary_search_by(|(n, _)| (*n).cmp(name)) {
             Ok(at) => self.others[at].1 = value,
@@ -219,6 +224,7 @@ impl Attributes {
     }
 
     /// The same attributes as a cloudevents-sdk event (the reference the tests compare with).
+    #[cfg(test)]
     pub fn to_sdk(&self) -> cloudevents::Event {
         use cloudevents::{AttributesWriter, EventBuilder, EventBuilderV10};
         let mut event = EventBuilderV10::new()
@@ -235,7 +241,7 @@ impl Attributes {
                 AttributeValue::Str(s) => ExtensionValue::String(s.to_string()),
                 AttributeValue::Bool(b) => ExtensionValue::Boolean(b),
                 AttributeValue::Int(i) => ExtensionValue::Integer(i),
-                AttributeValue::Time(t) => ExtensionValue::String(t.to_rfc3339()),
+                AttributeValue::Time(_) => ExtensionValue::String(value.text().into_owned()),
             };
             event.set_extension(name, value);
         }
@@ -244,7 +250,9 @@ impl Attributes {
 }
 
 /// `s` as a string that lives as long as the process, the same one for equal strings: the
-/// per-resource-type `source` and `type` of events (a few per watched resource).
+/// per-resource-type `source` and `type` of events (a few per watched resource; a kind
+/// discovered again, e.g. a CRD re-created with another version, may add a few more, never
+/// freed).
 fn intern(s: String) -> &'static str {
     static STRINGS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
     let mut strings = STRINGS.get_or_init(Default::default).lock().expect("interned strings");
@@ -517,6 +525,26 @@ mod tests {
         let mut sdk = serde_json::to_value(ev.attributes.to_sdk()).unwrap();
         sdk["data"] = serde_json::from_slice(&ev.data).unwrap();
         assert_eq!(ours, sdk);
+        // The reference built with the SDK's builder from the change itself, not from ours.
+        use cloudevents::{AttributesWriter, EventBuilder, EventBuilderV10};
+        let mut reference = EventBuilderV10::new()
+            .id("u:1:added")
+            .source("k8s://c/api/v1/pods")
+            .ty("io.kubecast.core.Pod.added")
+            .subject("n/a\"b")
+            .time(*ev.attributes.time())
+            .extension("partitionkey", "u")
+            .extension("resourceversion", "1")
+            .extension("origin", "resync")
+            .extension("truncated", true)
+            .extension("attempt", 3i64)
+            .extension("payload", "full\u{e9}\"")
+            .build()
+            .unwrap();
+        reference.set_datacontenttype(Some("application/json"));
+        let mut reference = serde_json::to_value(reference).unwrap();
+        reference["data"] = serde_json::from_slice(&ev.data).unwrap();
+        assert_eq!(ours, reference);
         let text = String::from_utf8(ev.to_structured()).unwrap();
         let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap();
         let names = ["attempt", "origin", "partitionkey", "payload", "resourceversion", "truncated"];
@@ -543,5 +571,39 @@ mod tests {
         assert_eq!(payload.as_ptr(), text, "NATS binary mode shares the bytes");
         let (value, _) = crate::sink::kafka::encode(&ev, crate::sink::kafka::Mode::Binary);
         assert_eq!(value.as_ptr(), text, "Kafka binary mode borrows them");
+    }
+
+    fn event(uid: &str, rv: &str, verb: Verb) -> CloudEvent {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let src = Arc::new(EventSource::new("c", &ar));
+        let obj = RawObject::from_value(&serde_json::json!({"metadata": {"name": "a", "uid": uid, "resourceVersion": rv}}))
+            .unwrap();
+        Change { verb, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap()
+    }
+
+    #[test]
+    fn attributes_read_back_and_extensions_replace() {
+        // A uid or resourceVersion with `:` in it is still read back whole.
+        let mut ev = event("u:1", "7:8", Verb::Deleted);
+        let a = &mut ev.attributes;
+        assert_eq!((a.id(), a.partition_key(), a.resource_version()), ("u:1:7:8:deleted", "u:1", "7:8"));
+        assert_eq!(a.ty(), "io.kubecast.core.Pod.deleted");
+        assert_eq!(a.subject(), "a", "cluster-scoped: the name alone");
+        a.set_extension("payload", "metadata");
+        a.set_extension("payload", "full");
+        a.set_extension("attempt", 2i64);
+        let names: Vec<&str> = a.extensions().map(|(n, _)| n).collect();
+        assert_eq!(names, ["attempt", "origin", "partitionkey", "payload", "resourceversion"]);
+        assert_eq!(a.extension("payload"), Some(AttributeValue::Str("full")), "replaced, not added");
+        assert_eq!(AttributeValue::Int(-3).text(), "-3");
+        assert_eq!(AttributeValue::Bool(false).text(), "false");
+        let t = chrono::DateTime::parse_from_rfc3339("2026-11-22T06:00:00.123456+00:00").unwrap().to_utc();
+        assert_eq!(AttributeValue::Time(&t).text(), "2026-11-22T06:00:00.123456Z");
+    }
+
+    #[test]
+    #[should_panic(expected = "comes from the change")]
+    fn own_extensions_are_not_set_afterwards() {
+        event("u", "1", Verb::Added).attributes.set_extension("partitionkey", "other");
     }
 }

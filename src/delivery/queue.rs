@@ -80,7 +80,7 @@ impl Queue {
         let mut spare: Vec<VecDeque<Job>> = Vec::new();
         // Jobs that may start now (each the only one of its key ready or in flight).
         let mut ready: VecDeque<Job> = VecDeque::new();
-        // One future type (no box per event): each lives in its FuturesUnordered task node.
+        // One future type, not boxed itself: each lives in its FuturesUnordered task node.
         let mut in_flight = FuturesUnordered::new();
         let mut held = 0usize;
         let mut input_open = true;
@@ -158,16 +158,17 @@ impl Queue {
             (self.sink.clone(), self.limiter.clone(), self.retry, self.dead_letter.clone());
         let metrics = self.metrics[job.stream].clone();
         async move {
-            let result = send_with_retries(
-                &sink,
-                limiter.as_ref(),
-                job.limiter.as_ref(),
+            let send = Attempt {
+                sink: &sink,
+                limiter: limiter.as_ref(),
+                resource_limiter: job.limiter.as_ref(),
                 retry,
-                &dead_letter,
-                job.msg.as_ref().expect("only jobs with events are sent"),
-                (&metrics, verb_index(job.verb)),
-            )
-            .await;
+                dead_letter: &dead_letter,
+                msg: job.msg.as_ref().expect("only jobs with events are sent"),
+                metrics: &metrics,
+                verb: verb_index(job.verb),
+            };
+            let result = send_with_retries(&send).await;
             (job, result)
         }
     }
@@ -182,46 +183,42 @@ fn refill_batch(capacity: usize) -> usize {
     (capacity / 8).clamp(1, 256)
 }
 
-/// Sends `msg` once, the common case: no rate limit to wait for, no trace, accepted at once.
-/// Everything else (rate limits, traces, retries, the dead letter) is in [`send_slowly`],
-/// boxed: inline, its state would make every in-flight event's future larger.
-async fn send_with_retries(
-    sink: &Sink,
-    limiter: Option<&Limiter>,
-    resource_limiter: Option<&Limiter>,
+/// One event's send and what it may need: limits, retries, the dead letter, its metrics.
+struct Attempt<'a> {
+    sink: &'a Sink,
+    limiter: Option<&'a Limiter>,
+    /// The resource's own rate limit.
+    resource_limiter: Option<&'a Limiter>,
     retry: RetryPolicy,
-    dead_letter: &DeadLetter,
-    msg: &Outbound,
-    (metrics, verb): (&StreamMetrics, usize),
-) -> Result<(), DeliveryError> {
+    dead_letter: &'a DeadLetter,
+    msg: &'a Outbound,
+    metrics: &'a StreamMetrics,
+    verb: usize,
+}
+
+/// Sends the event once, the common case: no rate limit to wait for, no trace, accepted at
+/// once. Everything else (rate limits, traces, retries, the dead letter) is in
+/// [`send_slowly`], boxed: inline, its state would make every in-flight event's future larger.
+async fn send_with_retries(send: &Attempt<'_>) -> Result<(), DeliveryError> {
     let mut failed = None;
-    if limiter.is_none() && resource_limiter.is_none() && msg.trace.is_none() {
+    if send.limiter.is_none() && send.resource_limiter.is_none() && send.msg.trace.is_none() {
         let started = std::time::Instant::now();
-        match sink.send(msg).await {
+        match send.sink.send(send.msg).await {
             Ok(()) => {
                 crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
-                metrics.published[verb].inc();
+                send.metrics.published[send.verb].inc();
                 return Ok(());
             }
             Err(e) => failed = Some(e),
         }
     }
-    Box::pin(send_slowly(sink, limiter, resource_limiter, retry, dead_letter, msg, (metrics, verb), failed)).await
+    Box::pin(send_slowly(send, failed)).await
 }
 
 /// Rate limit, send, retry retriable failures with backoff, dead-letter permanent ones.
 /// `failed`: how a first attempt (by [`send_with_retries`]) failed, if one was made.
-#[allow(clippy::too_many_arguments)]
-async fn send_slowly(
-    sink: &Sink,
-    limiter: Option<&Limiter>,
-    resource_limiter: Option<&Limiter>,
-    retry: RetryPolicy,
-    dead_letter: &DeadLetter,
-    msg: &Outbound,
-    (metrics, verb): (&StreamMetrics, usize),
-    mut failed: Option<SendError>,
-) -> Result<(), DeliveryError> {
+async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Result<(), DeliveryError> {
+    let Attempt { sink, limiter, resource_limiter, retry, dead_letter, msg, metrics, verb } = *send;
     // Built at the first retry (most events need none).
     let mut backoff = None;
     let mut attempt = 0u32;

@@ -451,7 +451,7 @@ impl NatsSink {
         id: &str,
     ) -> Result<(), SendError> {
         // Both steps that hand the message to the client are boxed: inline, their state
-        // (~900 bytes) would be part of every in-flight event's future, which then waits for
+        // (~900 bytes when this was written) would be part of every in-flight event's future, which then waits for
         // its PubAck holding only the acknowledgement's (boxed) future.
         let Some(js) = &self.js else {
             return Box::pin(self.publish_core(subject, headers, payload)).await;
