@@ -65,7 +65,8 @@ async fn run() {
     // 1.7x the CPU per event of the later ones.
     if common::side("kubecast") {
         let warmup = format!("bench{run}kw");
-        with_stream(&js, &warmup, events, kubecast_run(&url, &format!("{warmup}.x"), Mode::Structured, &recording)).await;
+        with_stream(&js, &warmup, events, kubecast_run(&url, &format!("{warmup}.x"), Mode::Structured, &recording))
+            .await;
     }
     let rounds = common::rounds_arg();
     println!("{rounds} rounds, the raw publisher first in odd ones, kubecast in even ones");

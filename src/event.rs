@@ -397,12 +397,7 @@ impl EventSource {
         };
         let type_fields = TypeFields::new(cluster, ar).intern();
         let ty = |verb: Verb| intern(format!("io.kubecast.{}.{}.{}", type_fields.group, ar.kind, verb.as_str()));
-        Self {
-            source: intern(source),
-            types: Verb::ALL.map(ty),
-            resource: ar.clone(),
-            type_fields,
-        }
+        Self { source: intern(source), types: Verb::ALL.map(ty), resource: ar.clone(), type_fields }
     }
 
     /// The destination template fields of the resource type.
@@ -576,8 +571,9 @@ mod tests {
     fn event(uid: &str, rv: &str, verb: Verb) -> CloudEvent {
         let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
         let src = Arc::new(EventSource::new("c", &ar));
-        let obj = RawObject::from_value(&serde_json::json!({"metadata": {"name": "a", "uid": uid, "resourceVersion": rv}}))
-            .unwrap();
+        let obj =
+            RawObject::from_value(&serde_json::json!({"metadata": {"name": "a", "uid": uid, "resourceVersion": rv}}))
+                .unwrap();
         Change { verb, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap()
     }
 
