@@ -208,6 +208,12 @@ impl Attributes {
         .into_iter()
     }
 
+    /// Every attribute: the context attributes, then the extensions (what the structured form
+    /// and the binary-mode headers carry).
+    pub fn all(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
+        self.iter_attributes().chain(self.extensions())
+    }
+
     /// The extensions in name order: every event of a stream lists them in the same order.
     pub fn extensions(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
         let own = [
@@ -267,11 +273,6 @@ fn intern(s: String) -> &'static str {
 impl CloudEvent {
     pub fn id(&self) -> &str {
         self.attributes.id()
-    }
-
-    /// The extensions in name order.
-    pub fn extensions(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
-        self.attributes.extensions()
     }
 
     /// The structured-mode JSON: `{...attributes, "data": <object>}`.
@@ -348,7 +349,7 @@ impl CloudEvent {
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(b"\":");
         };
-        for (name, value) in self.attributes.iter_attributes().chain(self.attributes.extensions()) {
+        for (name, value) in self.attributes.all() {
             member(&mut out, name);
             match value {
                 AttributeValue::Str(s) => json_string(&mut out, s),

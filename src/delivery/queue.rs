@@ -252,7 +252,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             }
             Err(SendError::Fatal(reason)) => break Err(DeliveryError::Fatal(reason)),
             Err(SendError::Permanent(reason)) => {
-                if let Err(e) = Box::pin(dead_letter.put(sink, msg, &reason)).await {
+                if let Err(e) = dead_letter.put(sink, msg, &reason).await {
                     break Err(e.into());
                 }
                 dead();
@@ -260,7 +260,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             }
             Err(SendError::Retriable(reason)) if !retry.may_retry(attempt) => {
                 let reason = format!("gave up after {attempt} attempts: {reason}");
-                if let Err(e) = Box::pin(dead_letter.put(sink, msg, &reason)).await {
+                if let Err(e) = dead_letter.put(sink, msg, &reason).await {
                     break Err(e.into());
                 }
                 dead();

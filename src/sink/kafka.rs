@@ -331,7 +331,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
 fn binary_headers(event: &CloudEvent) -> OwnedHeaders {
     let mut headers = OwnedHeaders::new_with_capacity(12);
     let mut key = String::with_capacity(24);
-    for (name, value) in event.attributes.iter_attributes().chain(event.extensions()) {
+    for (name, value) in event.attributes.all() {
         let v = value.text();
         if name == "datacontenttype" {
             headers = headers.insert(Header { key: "content-type", value: Some(v.as_ref()) });

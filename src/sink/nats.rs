@@ -450,9 +450,9 @@ impl NatsSink {
         payload: Bytes,
         id: &str,
     ) -> Result<(), SendError> {
-        // Both steps that hand the message to the client are boxed: inline, their state
-        // (~900 bytes when this was written) would be part of every in-flight event's future, which then waits for
-        // its PubAck holding only the acknowledgement's (boxed) future.
+        // Both steps that hand the message to the client are boxed: inline, their state (~900
+        // bytes when this was written) would be part of every in-flight event's future, which
+        // then waits for its PubAck holding only the acknowledgement's (boxed) future.
         let Some(js) = &self.js else {
             return Box::pin(self.publish_core(subject, headers, payload)).await;
         };
@@ -648,7 +648,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
                 Some(n) => headers.insert(n, value),
                 None => headers.insert(format!("ce-{name}"), value),
             };
-            for (name, value) in event.attributes.iter_attributes().chain(event.extensions()) {
+            for (name, value) in event.attributes.all() {
                 match value {
                     // Digits, `-`, `:`, `.`, `T`, `Z`, or `true` / `false`: nothing to encode.
                     AttributeValue::Str(s) => put(name, header_value(s)),
