@@ -153,7 +153,7 @@ async fn raw(brokers: &str, topic: &str, recording: &[bytes::Bytes], headers: bo
     let producer: FutureProducer = cc.create().unwrap();
     // The key (uid) is known to a raw producer in advance; kubecast must read it from the JSON.
     let payloads = common::payloads(recording);
-    let source = std::sync::Arc::new(kubecast::event::EventSource::new("bench", &common::pods()));
+    let source = std::sync::Arc::new(kubecast::model::EventSource::new("bench", &common::pods()));
     let headers: Vec<Option<rdkafka::message::OwnedHeaders>> = recording
         .iter()
         .enumerate()

@@ -148,7 +148,7 @@ fn plain_messages(recording: &[bytes::Bytes]) -> Vec<Message> {
 
 /// The messages kubecast sends for the recording in `mode` (its payloads, headers and ids).
 fn kubecast_messages(recording: &[bytes::Bytes], mode: Mode) -> Vec<Message> {
-    let source = std::sync::Arc::new(kubecast::event::EventSource::new("bench", &common::pods()));
+    let source = std::sync::Arc::new(kubecast::model::EventSource::new("bench", &common::pods()));
     recording
         .iter()
         .enumerate()

@@ -13,8 +13,9 @@
 mod common;
 
 use common::{cpu_seconds, record};
-use kubecast::config::{ResourceConfig, Verb};
-use kubecast::event::{Change, CloudEvent, EventSource, Origin};
+use kubecast::config::ResourceConfig;
+use kubecast::model::Verb;
+use kubecast::model::{Change, CloudEvent, EventSource, Origin};
 use kubecast::shaping::Shaper;
 use kubecast::sink::Sink;
 use kubecast::sink::kafka::KafkaConfig;
@@ -75,7 +76,7 @@ async fn run() {
     println!("{:<36} {:>14} {:>12} {:>10}", "shaping", "µs per event", "vs delivery", "sent");
     for (name, extra) in CONFIGS {
         let rc: ResourceConfig = toml_resource(extra);
-        let mut shaper = Shaper::new(&rc);
+        let mut shaper = Shaper::new(&rc.shaping());
         let mut evs = to_events();
         let cpu0 = cpu_seconds();
         let mut sent = 0usize;

@@ -16,11 +16,11 @@ mod common;
 
 use std::sync::Arc;
 
-use kubecast::ack::Watermark;
-use kubecast::checkpoint::Checkpoint;
-use kubecast::event::EventSource;
-use kubecast::object::RawObject;
+use kubecast::model::EventSource;
+use kubecast::model::Position;
+use kubecast::model::RawObject;
 use kubecast::sink::{kafka, nats};
+use kubecast::state::watermark::Watermark;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -31,7 +31,7 @@ fn main() {
     let step = args.next().unwrap_or_else(|| "ack".into());
     let recording = common::record(n);
     let source = Arc::new(EventSource::new("bench", &common::pods()));
-    let mut watermark = Watermark::new(Checkpoint::default());
+    let mut watermark = Watermark::new(Position::default());
     let mut sum = 0usize;
     // `PATH_COST_PASSES=k`: go over the recording k times and print the time per event (for
     // wall-time comparisons; the recording is made once, outside the timing).

@@ -1,21 +1,26 @@
-//! kubecast: Kubernetes changes as CloudEvents. See ARCHITECTURE.md for the data flow.
+//! kubecast: Kubernetes changes as CloudEvents. See ARCHITECTURE.md for the code map.
+//!
+//! The folders follow the data flow, and each imports only those before it in this list
+//! (`tests/layers.rs` checks it):
+//!
+//! ```text
+//! model     the data and its contracts (change, CloudEvent, position, Problem)
+//! observe   metrics, traces, health, the admin server
+//! source    apiserver client, watch, reflector (list + watch, resume, relist-diff)
+//! sink      stdout | file | kafka | nats
+//! state     watermark, checkpoint store, persister
+//! delivery  queue (order, limits), retry, dead letter
+//! shaping   the shaping stage: filters, redaction, payload, CloudEvent per change
+//! config    the TOML file: gathers every component's settings
+//! app       the binary's commands, wiring, supervision, shutdown
+//! ```
 
-pub mod ack;
-pub mod admin;
-pub mod allocator;
-pub mod checkpoint;
-pub mod cli;
+pub mod app;
 pub mod config;
 pub mod delivery;
-pub mod event;
-pub mod json_check;
-pub mod kubeapi;
-pub mod metrics;
-pub mod object;
-pub mod pipeline;
-pub mod reflector;
-pub mod selector;
+pub mod model;
+pub mod observe;
 pub mod shaping;
 pub mod sink;
-pub mod telemetry;
-pub mod watch;
+pub mod source;
+pub mod state;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use kubecast::cli::{Cli, Command, LogFormat};
+use kubecast::app::cli::{Cli, Command, LogFormat};
 use kubecast::config::Config;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    kubecast::allocator::configure();
+    kubecast::app::allocator::configure();
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match real_main(cli) {
@@ -35,13 +35,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         Command::Run { config } => {
             let cfg = Config::load(config.as_deref())?;
             // Flushes the spans still buffered when dropped, after the pipeline stopped.
-            let _telemetry = kubecast::telemetry::init(&cfg.telemetry)?;
+            let _telemetry = kubecast::observe::trace::init(&cfg.telemetry)?;
             let rt =
                 tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
             rt.block_on(async move {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(wait_for_signals(shutdown.clone()));
-                kubecast::pipeline::run(cfg, shutdown).await
+                kubecast::app::run::run(cfg, shutdown).await
             })?;
             Ok(())
         }

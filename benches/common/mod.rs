@@ -7,17 +7,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kube::api::{ApiResource, GroupVersionKind, WatchEvent};
-use kubecast::ack::{Effect, IndexOp, StreamCheckpoint};
-use kubecast::checkpoint::{CheckpointStore, IndexEntry, StreamKey};
-use kubecast::config::Verb;
 use kubecast::delivery::dead_letter::DeadLetter;
 use kubecast::delivery::queue::{Job, Queue};
 use kubecast::delivery::retry::RetryPolicy;
 use kubecast::delivery::{DeadLetterConfig, DeliveryConfig};
-use kubecast::event::{Change, EventSource, Origin};
-use kubecast::object::RawObject;
-use kubecast::sink::template::Fields;
+use kubecast::model::{Change, Effect, EventSource, Fields, IndexEntry, IndexOp, Origin, RawObject, Verb};
 use kubecast::sink::{Outbound, Sink};
+use kubecast::state::store::{CheckpointStore, StreamKey};
+use kubecast::state::watermark::StreamCheckpoint;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -73,7 +70,7 @@ pub fn payloads(recording: &[bytes::Bytes]) -> Vec<(String, Vec<u8>)> {
 /// Runs `work` as the binary's `main` runs kubecast: the allocator's options set first, then
 /// a multi-threaded runtime.
 pub fn run_like_the_binary<F: std::future::Future>(work: F) -> F::Output {
-    kubecast::allocator::configure();
+    kubecast::app::allocator::configure();
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(work)
 }
 
@@ -89,7 +86,7 @@ pub fn read(line: &bytes::Bytes) -> bytes::Bytes {
 
 /// The object of a recorded watch line, decoded as the reflector does.
 pub fn object(line: &bytes::Bytes) -> RawObject {
-    match kubecast::watch::decode_line(line).unwrap() {
+    match kubecast::source::watch::decode_line(line).unwrap() {
         WatchEvent::Modified(o) => o,
         other => panic!("{other:?}"),
     }
@@ -285,7 +282,7 @@ pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiRe
         max_in_flight: cfg.max_in_flight,
         capacity: cfg.queue_capacity,
         checkpoints: vec![Arc::new(checkpoint)],
-        metrics: vec![Arc::new(kubecast::metrics::StreamMetrics::new("", "Pod", "bench"))],
+        metrics: vec![Arc::new(kubecast::observe::metrics::StreamMetrics::new("", "Pod", "bench"))],
     };
     let source = Arc::new(EventSource::new("bench", ar));
     // Shared with the caller; each line is copied as it is read (`job`, `read`).

@@ -13,8 +13,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 use tracing::{error, warn};
 
+use super::config::{DeadLetterConfig, DeadLetterType};
 use super::retry::RetryPolicy;
-use super::{DeadLetterConfig, DeadLetterType};
 use crate::sink::{NatsSink, Outbound, SendError, Sink, kafka};
 
 pub enum Target {
@@ -65,7 +65,7 @@ impl DeadLetter {
         if let Target::Stop = self.target {
             return Err(Undeliverable { id, destination, reason: reason.to_string() });
         }
-        error!(event_id = %id, trace_id = %crate::telemetry::trace_id(msg.trace.as_ref()), destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
+        error!(event_id = %id, trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
         let mut backoff = self.retry.backoff();
         loop {
             let result = match &self.target {

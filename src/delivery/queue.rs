@@ -23,10 +23,10 @@ use tracing::warn;
 
 use super::dead_letter::{DeadLetter, Undeliverable};
 use super::retry::RetryPolicy;
-use crate::ack::{Effect, StreamCheckpoint};
-use crate::config::Verb;
-use crate::metrics::{StreamMetrics, verb_index};
+use crate::model::{Effect, Verb};
+use crate::observe::metrics::StreamMetrics;
 use crate::sink::{Outbound, SendError, Sink};
+use crate::state::watermark::StreamCheckpoint;
 
 pub type Limiter = Arc<DefaultDirectRateLimiter>;
 
@@ -95,7 +95,7 @@ impl Queue {
                 let Some(job) = ready.pop_front() else { break };
                 in_flight.push(self.deliver(job));
             }
-            let g = crate::metrics::get();
+            let g = crate::observe::metrics::get();
             g.queue_depth.set(held as i64);
             g.in_flight.set(in_flight.len() as i64);
             if !input_open && held == 0 {
@@ -148,7 +148,7 @@ impl Queue {
 
     fn ack(&self, job: Job) {
         if job.msg.is_some() {
-            self.metrics[job.stream].acked[verb_index(job.verb)].inc();
+            self.metrics[job.stream].acked[job.verb.index()].inc();
         }
         self.checkpoints[job.stream].ack(job.seq, job.effect);
     }
@@ -166,7 +166,7 @@ impl Queue {
                 dead_letter: &dead_letter,
                 msg: job.msg.as_ref().expect("only jobs with events are sent"),
                 metrics: &metrics,
-                verb: verb_index(job.verb),
+                verb: job.verb.index(),
             };
             let result = send_with_retries(&send).await;
             (job, result)
@@ -205,7 +205,7 @@ async fn send_with_retries(send: &Attempt<'_>) -> Result<(), DeliveryError> {
         let started = std::time::Instant::now();
         match send.sink.send(send.msg).await {
             Ok(()) => {
-                crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
+                crate::observe::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
                 send.metrics.published[send.verb].inc();
                 return Ok(());
             }
@@ -246,7 +246,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
         let dead = || metrics.dead_lettered[verb].inc();
         match outcome {
             Ok(()) => {
-                crate::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
+                crate::observe::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
                 metrics.published[verb].inc();
                 break Ok(None);
             }
@@ -269,7 +269,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             Err(SendError::Retriable(reason)) => {
                 metrics.retries.inc();
                 if attempt == 1 || attempt % 10 == 0 {
-                    warn!(event_id = %msg.event.id(), trace_id = %crate::telemetry::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
+                    warn!(event_id = %msg.event.id(), trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }
                 tokio::time::sleep(
                     backoff.get_or_insert_with(|| retry.backoff()).next().unwrap_or(std::time::Duration::from_secs(30)),
@@ -285,7 +285,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             Err(e) => Some(e.to_string()),
         };
         if let Some(span) = send_span {
-            crate::telemetry::end_send(span, attempt.saturating_sub(1), error.clone());
+            crate::observe::trace::end_send(span, attempt.saturating_sub(1), error.clone());
         }
         let outcome = if matches!(result, Ok(None)) { "delivered" } else { "not delivered" };
         t.end(outcome.into(), error);

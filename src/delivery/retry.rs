@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-use super::DeliveryConfig;
+use super::config::DeliveryConfig;
 
 #[derive(Debug, Clone, Copy)]
 pub struct RetryPolicy {

@@ -23,58 +23,25 @@
 
 pub mod filter;
 pub mod json;
+mod options;
+pub mod stage;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use crate::event::ExtensionValue;
-use serde::{Deserialize, Serialize};
+use crate::model::ExtensionValue;
 use serde_json::Value;
 use serde_json::value::RawValue;
 use tracing::{error, warn};
 
-use crate::config::{ResourceConfig, Verb};
-use crate::event::CloudEvent;
+use crate::model::{CloudEvent, Verb};
 use filter::Filter;
 use json::FieldPath;
+pub use options::{FilterErrorRule, PayloadMode, ShapingOptions};
 
 pub const REDACTED: &str = "<redacted>";
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 const PATCH_CONTENT_TYPE: &str = "application/json-patch+json";
-
-/// `payload`
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PayloadMode {
-    /// The object (after removals and redaction).
-    #[default]
-    Full,
-    /// `apiVersion`, `kind` and `metadata` only: a reference to the object.
-    Metadata,
-    /// `modified`: an RFC 6902 JSON Patch from the previous object (needs `keep_previous`);
-    /// `added` / `deleted` and a `modified` whose previous object is not known (after a
-    /// restart): the full object. The `payload` extension says which.
-    Patch,
-}
-
-impl PayloadMode {
-    fn as_str(self) -> &'static str {
-        match self {
-            PayloadMode::Full => "full",
-            PayloadMode::Metadata => "metadata",
-            PayloadMode::Patch => "patch",
-        }
-    }
-}
-
-/// `filter_error`: what happens to an event whose filter fails at run time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FilterErrorRule {
-    #[default]
-    Deliver,
-    Drop,
-}
 
 /// Why a change produced no event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,55 +82,18 @@ pub struct Shaper {
     /// uid -> the shaped object's JSON (`keep_previous`).
     previous: HashMap<String, Box<[u8]>>,
     describe: String,
+    /// The verbs that are sent.
+    events: Vec<Verb>,
     /// Run-time filter errors (`kubecast_filter_errors_total`).
     filter_errors: prometheus_client::metrics::counter::Counter,
 }
 
-/// Problems with a resource's shaping options: `(key, message, fix)`.
-pub fn problems(r: &ResourceConfig) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    if let Some(f) = &r.filter {
-        if let Err(e) = Filter::compile(f, r.keep_previous) {
-            out.push(("filter".into(), e.0, "see the CEL examples in config/kubecast.toml".into()));
-        }
-    }
-    for (key, paths) in [("redact", &r.redact), ("ignore_fields", &r.ignore_fields)] {
-        for (i, p) in paths.iter().enumerate() {
-            if let Err(e) = FieldPath::parse(p) {
-                out.push((format!("{key}[{i}]"), e, "write a dotted path like \"spec.password\" or \"data.*\"".into()));
-            }
-        }
-    }
-    if !r.ignore_fields.is_empty() && !r.ignore_status_only {
-        out.push((
-            "ignore_fields".into(),
-            "is only used with ignore_status_only = true".into(),
-            "set ignore_status_only = true, or remove ignore_fields".into(),
-        ));
-    }
-    if r.payload == PayloadMode::Patch && !r.keep_previous {
-        out.push((
-            "payload".into(),
-            "\"patch\" needs the previous object: keep_previous = true".into(),
-            "set keep_previous = true (memory: one copy of each object), or use payload = \"full\"".into(),
-        ));
-    }
-    if r.max_event_bytes != 0 && r.max_event_bytes < 1024 {
-        out.push((
-            "max_event_bytes".into(),
-            format!("{} is too small for even a metadata payload", r.max_event_bytes),
-            "use at least 1024, or 0 for no cap".into(),
-        ));
-    }
-    out
-}
-
 impl Shaper {
-    pub fn new(r: &ResourceConfig) -> Shaper {
-        let (group, _) = r.group_version();
+    pub fn new(r: &ShapingOptions) -> Shaper {
+        let group = r.group.as_str();
         let is_secret = group.is_empty() && r.kind == "Secret";
         if is_secret && !r.redact_secrets {
-            warn!(resource = %r.describe(), "redact_secrets = false: Secret values leave the cluster in events");
+            warn!(resource = %r.describe, "redact_secrets = false: Secret values leave the cluster in events");
         }
         let mut skip: Vec<FieldPath> =
             ["status", "metadata.resourceVersion", "metadata.generation", "metadata.managedFields"]
@@ -185,12 +115,18 @@ impl Shaper {
             payload: r.payload,
             hashes: HashMap::new(),
             previous: HashMap::new(),
-            describe: r.describe(),
-            filter_errors: crate::metrics::get()
+            describe: r.describe.clone(),
+            events: r.events.clone(),
+            filter_errors: crate::observe::metrics::get()
                 .filter_errors
-                .get_or_create(&crate::metrics::resource(group, &r.kind))
+                .get_or_create(&crate::observe::metrics::resource(group, &r.kind))
                 .clone(),
         }
+    }
+
+    /// Whether `events` lists `verb` (else its changes are not sent).
+    pub fn wants(&self, verb: Verb) -> bool {
+        self.events.contains(&verb)
     }
 
     /// Whether changes of unwanted verbs must still be seen (to keep per-object state).
@@ -451,7 +387,7 @@ mod tests {
     #[test]
     fn every_drop_reason_has_a_metric() {
         for d in [Dropped::Verb, Dropped::StatusOnly, Dropped::Filter, Dropped::Unreadable] {
-            assert!(crate::metrics::FILTER_REASONS.contains(&d.as_str()), "{d:?}");
+            assert!(crate::observe::metrics::FILTER_REASONS.contains(&d.as_str()), "{d:?}");
         }
     }
 

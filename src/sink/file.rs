@@ -7,7 +7,7 @@ use tokio::fs::{File, OpenOptions};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
-use super::{SendError, SinkError, io_send_error};
+use super::outbound::{SendError, SinkError, io_send_error};
 
 pub struct FileSink {
     path: PathBuf,

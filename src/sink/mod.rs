@@ -5,9 +5,11 @@
 //! the PubAck (core NATS: after the write, at-most-once). Only accepted events
 //! may advance a checkpoint.
 
+mod config;
 mod file;
 pub mod kafka;
 pub mod nats;
+mod outbound;
 pub mod secret;
 mod stdout;
 pub mod template;
@@ -15,62 +17,12 @@ pub mod template;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use config::{SinkConfig, SinkType};
 pub use file::FileSink;
 pub use kafka::KafkaSink;
 pub use nats::NatsSink;
+pub use outbound::{Outbound, SendError, SinkError, structured_line};
 pub use stdout::StdoutSink;
-use template::{Fields, Template};
-
-use crate::config::{SinkConfig, SinkType};
-use crate::event::CloudEvent;
-
-/// Errors opening or closing a sink (fatal at start).
-#[derive(Debug, thiserror::Error)]
-pub enum SinkError {
-    #[error(
-        "cannot open sink file {path}: {cause} (fix: check sink.path and that its directory exists and is writable)"
-    )]
-    Open { path: std::path::PathBuf, cause: std::io::Error },
-    #[error("sink: {0}")]
-    Config(String),
-    #[error("flush failed: {0}")]
-    Flush(String),
-}
-
-/// Why one send failed; decides between retry, dead letter and stop.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SendError {
-    /// May succeed later (broker down, timeout, queue full): retried with backoff.
-    #[error("{0}")]
-    Retriable(String),
-    /// Will never succeed for this event (too large, not authorized, cannot be encoded): sent
-    /// to the dead-letter destination.
-    #[error("{0}")]
-    Permanent(String),
-    /// The sink cannot go on (e.g. a fatal idempotent-producer error): kubecast stops; the
-    /// checkpoint stays at the last acknowledged event.
-    #[error("{0}")]
-    Fatal(String),
-}
-
-/// One event on its way out.
-#[derive(Debug, Clone)]
-pub struct Outbound {
-    pub event: CloudEvent,
-    /// Values for destination templates.
-    pub fields: Fields,
-    /// The resource's own destination template, overriding the sink's.
-    pub route: Option<Arc<Template>>,
-    /// The event's trace, when traces are on.
-    pub trace: Option<crate::telemetry::EventTrace>,
-}
-
-impl Outbound {
-    /// The ordering key (and Kafka record key): `partitionkey`, the object's uid.
-    pub fn key(&self) -> &str {
-        self.event.attributes.partition_key()
-    }
-}
 
 /// The configured sink (enum dispatch: one variant per sink type). One per process, in an Arc.
 #[allow(clippy::large_enum_variant)]
@@ -176,18 +128,30 @@ impl Sink {
     }
 }
 
-/// Structured-mode CloudEvent JSON followed by a newline (one event per line).
-pub fn structured_line(event: &CloudEvent) -> Result<Vec<u8>, SendError> {
-    let mut line = event.to_structured();
-    line.push(b'\n');
-    Ok(line)
-}
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
 
-/// I/O errors of the stdout and file sinks: a closed pipe cannot recover, the rest may.
-fn io_send_error(target: &str, e: std::io::Error) -> SendError {
-    if e.kind() == std::io::ErrorKind::BrokenPipe {
-        SendError::Fatal(format!("{target}: {e}"))
-    } else {
-        SendError::Retriable(format!("{target}: {e}"))
+    use kube::api::{ApiResource, GroupVersionKind};
+
+    use super::{kafka, nats};
+    use crate::model::{Change, EventSource, Origin, RawObject, Verb};
+
+    #[test]
+    fn data_is_the_objects_text_without_a_copy() {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let src = Arc::new(EventSource::new("c", &ar));
+        let obj: RawObject = serde_json::from_str(
+            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"1"}}"#,
+        )
+        .unwrap();
+        let text = obj.text().as_ptr();
+        let ev =
+            Change { verb: Verb::Added, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
+        assert_eq!(ev.data.as_ptr(), text);
+        let (payload, _) = nats::encode(&ev, nats::Mode::Binary);
+        assert_eq!(payload.as_ptr(), text, "NATS binary mode shares the bytes");
+        let (value, _) = kafka::encode(&ev, kafka::Mode::Binary);
+        assert_eq!(value.as_ptr(), text, "Kafka binary mode borrows them");
     }
 }

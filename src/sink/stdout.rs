@@ -4,7 +4,7 @@
 use tokio::io::{AsyncWriteExt, Stdout};
 use tokio::sync::Mutex;
 
-use super::{SendError, io_send_error};
+use super::outbound::{SendError, io_send_error};
 
 pub struct StdoutSink {
     out: Mutex<Stdout>,

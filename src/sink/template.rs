@@ -1,70 +1,8 @@
 //! Destination templates (`topic`, later NATS `subject`): text with `{field}` placeholders.
 
-use std::collections::HashSet;
 use std::fmt;
-use std::sync::{Mutex, OnceLock};
 
-/// The fields a destination template can use, for one event.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fields {
-    /// Those of its resource type, shared by all its events (interned: no reference count
-    /// to change per event, on two threads).
-    pub of_type: &'static TypeFields,
-    /// Empty for cluster-scoped objects.
-    pub namespace: String,
-    /// `added`, `modified` or `deleted`.
-    pub verb: &'static str,
-}
-
-impl Default for Fields {
-    fn default() -> Self {
-        static NONE: TypeFields = TypeFields {
-            cluster: String::new(),
-            group: String::new(),
-            version: String::new(),
-            kind: String::new(),
-            resource: String::new(),
-        };
-        Fields { of_type: &NONE, namespace: String::new(), verb: "" }
-    }
-}
-
-/// The fields of one resource type (in one cluster).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct TypeFields {
-    pub cluster: String,
-    /// `core` for the core group.
-    pub group: String,
-    pub version: String,
-    pub kind: String,
-    /// The plural resource name, e.g. `configmaps`.
-    pub resource: String,
-}
-
-impl TypeFields {
-    pub fn new(cluster: &str, ar: &kube::api::ApiResource) -> Self {
-        Self {
-            cluster: cluster.to_string(),
-            group: if ar.group.is_empty() { "core".into() } else { ar.group.clone() },
-            version: ar.version.clone(),
-            kind: ar.kind.clone(),
-            resource: ar.plural.clone(),
-        }
-    }
-
-    /// These fields for the rest of the process, the same reference for equal fields (one per
-    /// watched resource type: a bounded set).
-    pub fn intern(self) -> &'static TypeFields {
-        static KNOWN: OnceLock<Mutex<HashSet<&'static TypeFields>>> = OnceLock::new();
-        let mut known = KNOWN.get_or_init(Default::default).lock().expect("interned type fields");
-        if let Some(k) = known.get(&self) {
-            return k;
-        }
-        let leaked: &'static TypeFields = Box::leak(Box::new(self));
-        known.insert(leaked);
-        leaked
-    }
-}
+use crate::model::Fields;
 
 pub const FIELD_NAMES: [&str; 7] = ["cluster", "group", "version", "kind", "resource", "namespace", "verb"];
 
@@ -159,6 +97,7 @@ pub fn clean_with(s: &str, ok: impl Fn(char) -> bool) -> std::borrow::Cow<'_, st
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::TypeFields;
 
     #[test]
     fn parse_and_render() {

@@ -187,7 +187,7 @@ pub enum ObjectError {
     #[error("object text is not UTF-8")]
     Utf8,
     #[error("object text: {0}")]
-    Syntax(#[from] crate::json_check::SyntaxError),
+    Syntax(#[from] super::json_check::SyntaxError),
     #[error("object text is not a JSON object")]
     NotAnObject,
     #[error("object head: {0}")]
@@ -196,11 +196,11 @@ pub enum ObjectError {
 
 impl RawObject {
     /// Takes `text` as the object if it is UTF-8 and one whole JSON object (the structural check
-    /// of [`crate::json_check`]: it is passed on as it is), and reads its identity from the
+    /// of [`super::json_check`]: it is passed on as it is), and reads its identity from the
     /// head.
     pub fn from_json(text: Bytes) -> Result<Self, ObjectError> {
         simdutf8::basic::from_utf8(&text).map_err(|_| ObjectError::Utf8)?;
-        crate::json_check::check_structure(&text)?;
+        super::json_check::check_structure(&text)?;
         if text.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ObjectError::NotAnObject);
         }

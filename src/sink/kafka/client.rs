@@ -1,109 +1,24 @@
-//! `type = "kafka"`: an idempotent rdkafka producer (`enable.idempotence = true`,
-//! `acks = all`). An event is accepted when its delivery report says the broker stored it;
-//! never fire-and-forget.
-//!
-//! CloudEvents Kafka protocol binding: binary mode by default (value = `data`, header
-//! `content-type` = `datacontenttype`, every other attribute and extension as a `ce_<name>`
-//! header), structured mode as an option (value = the JSON event, `content-type:
-//! application/cloudevents+json; charset=UTF-8`). The record key is `partitionkey` (the uid),
-//! so the events of one object stay in one partition, in order.
+//! The idempotent producer: delivery reports as acceptance, which errors are retriable,
+//! reachability for readiness.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use std::borrow::Cow;
-
-use crate::event::{AttributeValue, CloudEvent};
 use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
-use serde::{Deserialize, Serialize};
 use tracing::{debug, error, info, warn};
 
-use super::template::Template;
-use super::{Outbound, SendError, SinkError, secret};
-
-pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
-
-/// Properties kubecast sets itself: the delivery guarantees depend on them.
-const REQUIRED: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    #[default]
-    Binary,
-    Structured,
-}
-
-/// `[sink.kafka]`
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
-    /// `bootstrap.servers`, e.g. `"kafka-0:9092,kafka-1:9092"`.
-    pub brokers: String,
-    /// Topic template; see `template.rs` for the fields.
-    #[serde(default = "default_topic")]
-    pub topic: String,
-    #[serde(default)]
-    pub mode: Mode,
-    /// Also write a null-value record (a tombstone for compacted topics) after each `deleted`.
-    #[serde(default)]
-    pub tombstones: bool,
-    /// Passed to librdkafka as they are (TLS, SASL, compression, linger...). A value
-    /// `${env:NAME}` or `${file:/path}` is read from that variable or file (secrets).
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-}
-
-fn default_topic() -> String {
-    DEFAULT_TOPIC.to_string()
-}
-
-impl KafkaConfig {
-    /// `(key, message, fix)` for each problem.
-    pub fn problems(&self) -> Vec<(String, String, String)> {
-        let mut out = Vec::new();
-        if self.brokers.trim().is_empty() {
-            out.push((
-                "sink.kafka.brokers".into(),
-                "is empty".into(),
-                "set the bootstrap servers, e.g. \"kafka:9092\"".into(),
-            ));
-        }
-        if let Err(e) = Template::parse(&self.topic) {
-            out.push(("sink.kafka.topic".into(), e, format!("e.g. {DEFAULT_TOPIC:?}")));
-        }
-        for (k, v) in &self.properties {
-            if k == "bootstrap.servers" {
-                out.push((
-                    format!("sink.kafka.properties.\"{k}\""),
-                    "duplicates sink.kafka.brokers".into(),
-                    "set sink.kafka.brokers instead".into(),
-                ));
-            }
-            if let Some((_, want)) = REQUIRED.iter().find(|(rk, _)| rk == k) {
-                if v != want {
-                    out.push((
-                        format!("sink.kafka.properties.\"{k}\""),
-                        format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
-                        "remove it".into(),
-                    ));
-                }
-            }
-            if let Err(e) = secret::resolve(v) {
-                out.push((format!("sink.kafka.properties.\"{k}\""), e, "set that variable or create that file".into()));
-            }
-        }
-        out
-    }
-}
+use super::config::{KafkaConfig, Mode, REQUIRED};
+use super::encode::{clean_topic_part, encode};
+use crate::sink::outbound::{Outbound, SendError, SinkError};
+use crate::sink::secret;
+use crate::sink::template::Template;
 
 /// Logs librdkafka's errors and tracks whether the brokers are reachable.
 pub struct KafkaContext {
@@ -296,51 +211,4 @@ impl KafkaSink {
         }
         self.producer.flush(timeout).map_err(|e| SinkError::Flush(e.to_string()))
     }
-}
-
-/// Kafka topic names allow `[a-zA-Z0-9._-]`: other characters become `_`; an empty field
-/// (the namespace of a cluster-scoped object) becomes `_`.
-pub fn clean_topic_part(s: &str) -> Cow<'_, str> {
-    super::template::clean_with(s, |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
-/// The record value and headers of `event` in `mode`.
-pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
-    let (payload, mut headers) = match mode {
-        Mode::Structured => {
-            let headers = OwnedHeaders::new_with_capacity(1)
-                .insert(Header { key: "content-type", value: Some("application/cloudevents+json; charset=UTF-8") });
-            let payload = match event.sealed() {
-                Some(whole) => Cow::Borrowed(&whole[..]),
-                None => Cow::Owned(event.to_structured()),
-            };
-            (payload, headers)
-        }
-        Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(event)),
-    };
-    // W3C trace context as plain headers too (traces on), so consumers continue the trace.
-    for name in ["traceparent", "tracestate"] {
-        if let Some(AttributeValue::Str(v)) = event.attributes.extension(name) {
-            headers = headers.insert(Header { key: name, value: Some(v) });
-        }
-    }
-    (payload, headers)
-}
-
-/// Binary mode: `content-type` from `datacontenttype`, `ce_<name>` for everything else.
-fn binary_headers(event: &CloudEvent) -> OwnedHeaders {
-    let mut headers = OwnedHeaders::new_with_capacity(12);
-    let mut key = String::with_capacity(24);
-    for (name, value) in event.attributes.all() {
-        let v = value.text();
-        if name == "datacontenttype" {
-            headers = headers.insert(Header { key: "content-type", value: Some(v.as_ref()) });
-        } else {
-            key.clear();
-            key.push_str("ce_");
-            key.push_str(name);
-            headers = headers.insert(Header { key: &key, value: Some(v.as_ref()) });
-        }
-    }
-    headers
 }

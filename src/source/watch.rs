@@ -4,7 +4,7 @@
 //! error responses, same handling of a connection that ends mid-stream), with its own framing
 //! and decoding: the body is split into lines (one JSON watch event each, as the apiserver
 //! writes them), and for the usual `{"type":"ADDED|MODIFIED|DELETED","object":{...}}` line the
-//! object's text is cut out of the line after a structural check ([`crate::json_check`])
+//! object's text is cut out of the line after a structural check ([`crate::model::json_check`])
 //! instead of being parsed into a `RawValue` by serde_json: 46k instead of 123k instructions
 //! per event on ~8 KB Pods (see `benches/README.md`). Any other line (bookmarks, errors,
 //! another key order or spacing) goes through serde_json, as before, and is counted in
@@ -17,7 +17,7 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use kube::core::Status;
 use tracing::debug;
 
-use crate::object::RawObject;
+use crate::model::RawObject;
 
 /// Starts `GET <resource>?watch=true&resourceVersion=<rv>&...` and returns its events.
 pub async fn start(
@@ -221,7 +221,7 @@ pub fn decode_line(line: &Bytes) -> Result<WatchEvent<RawObject>, kube::Error> {
         }
     })?;
     if matches!(event, WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) {
-        crate::metrics::get().watch_objects_slow.inc();
+        crate::observe::metrics::get().watch_objects_slow.inc();
     }
     Ok(event)
 }

@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::SystemTime;
 
+use crate::model::Problem;
 use opentelemetry::trace::{Span, SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue, global};
 use opentelemetry_otlp::WithExportConfig;
@@ -59,21 +60,21 @@ fn service() -> String {
 }
 
 impl TelemetryConfig {
-    pub fn problems(&self) -> Vec<(String, String, String)> {
+    pub fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         if !(0.0..=1.0).contains(&self.sampling_ratio) {
-            out.push((
-                "telemetry.sampling_ratio".into(),
+            out.push(Problem::new(
+                "telemetry.sampling_ratio",
                 format!("{} is not between 0 and 1", self.sampling_ratio),
-                "e.g. 1.0 (all events) or 0.01".into(),
+                "e.g. 1.0 (all events) or 0.01",
             ));
         }
         if let Some(e) = &self.endpoint {
             if url::Url::parse(e).map(|u| !matches!(u.scheme(), "http" | "https")).unwrap_or(true) {
-                out.push((
-                    "telemetry.endpoint".into(),
+                out.push(Problem::new(
+                    "telemetry.endpoint",
                     format!("{e:?} is not an http(s) URL"),
-                    "e.g. \"http://otel-collector:4318\"".into(),
+                    "e.g. \"http://otel-collector:4318\"",
                 ));
             }
         }

@@ -63,13 +63,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::ack::{Effect, IndexOp};
-use crate::admin::{Health, StreamPhase};
-use crate::checkpoint::{Checkpoint, Index, IndexEntry};
-use crate::config::{Initial, MissingKind, Verb};
-use crate::event::{Change, EventSource, Origin};
-use crate::kubeapi::ApiLimiter;
-use crate::object::RawObject;
+use serde::{Deserialize, Serialize};
+
+use super::client::ApiLimiter;
+use crate::model::{Change, Effect, EventSource, Index, IndexEntry, IndexOp, Origin, Position, RawObject, Verb};
+use crate::observe::health::{Health, StreamPhase};
 
 /// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
@@ -81,6 +79,26 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(120);
 /// event or a bookmark, or stayed this long without an error: the 410 of an expired
 /// resourceVersion can come as the first event of an accepted watch.
 const RESUME_CONFIRM: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+/// `initial`: what a stream without a checkpoint emits first: every existing object once
+/// (`snapshot`), or only the changes from then on (`now`).
+pub enum Initial {
+    #[default]
+    Snapshot,
+    Now,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+/// `missing_kind`: a kind that is not served (CRD not installed yet) is waited for (`wait`),
+/// or stops kubecast (`fail`).
+pub enum MissingKind {
+    #[default]
+    Wait,
+    Fail,
+}
 
 /// What one stream watches.
 #[derive(Clone)]
@@ -199,7 +217,7 @@ struct ListDiff {
 struct Closed;
 
 impl Reflector {
-    pub fn new(spec: StreamSpec, start: Option<Checkpoint>, tx: mpsc::Sender<Item>) -> Self {
+    pub fn new(spec: StreamSpec, start: Option<Position>, tx: mpsc::Sender<Item>) -> Self {
         let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
         let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
@@ -221,13 +239,13 @@ impl Reflector {
             tx,
             acked_ahead,
             metrics: {
-                let m = crate::metrics::get();
+                let m = crate::observe::metrics::get();
                 let name = &spec_name;
                 ReflectorMetrics {
-                    relists: crate::metrics::stream_counter(&m.relists, name),
-                    gone: crate::metrics::stream_counter(&m.gone, name),
-                    resync_events: crate::metrics::stream_counter(&m.resync_events, name),
-                    watch_restarts: crate::metrics::stream_counter(&m.watch_restarts, name),
+                    relists: crate::observe::metrics::stream_counter(&m.relists, name),
+                    gone: crate::observe::metrics::stream_counter(&m.gone, name),
+                    resync_events: crate::observe::metrics::stream_counter(&m.resync_events, name),
+                    watch_restarts: crate::observe::metrics::stream_counter(&m.watch_restarts, name),
                     watched_once: false,
                 }
             },
@@ -518,7 +536,7 @@ impl Reflector {
         let mut wp = self.watch_params();
         wp.send_initial_events = true;
         self.spec.limiter.until_ready().await;
-        let stream = match crate::watch::start(&self.target().api, &wp, "").await {
+        let stream = match super::watch::start(&self.target().api, &wp, "").await {
             Ok(s) => s,
             Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
                 info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
@@ -583,7 +601,7 @@ impl Reflector {
         let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
-        let stream = match crate::watch::start(&self.target().api, &wp, &rv).await {
+        let stream = match super::watch::start(&self.target().api, &wp, &rv).await {
             Ok(s) => s,
             Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
             Err(kube::Error::Api(s)) if s.code == 404 => {

@@ -7,6 +7,8 @@
 //! where it happens.
 
 use std::sync::OnceLock;
+
+use crate::model::Verb;
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -190,7 +192,7 @@ impl StreamMetrics {
     pub fn new(group: &str, kind: &str, stream: &str) -> Self {
         let m = get();
         let per_verb = |f: &Family<ResourceVerb, Counter>| {
-            crate::config::Verb::ALL.map(|v| f.get_or_create(&resource_verb(group, kind, v.as_str())).clone())
+            Verb::ALL.map(|v| f.get_or_create(&resource_verb(group, kind, v.as_str())).clone())
         };
         Self {
             resource: resource(group, kind),
@@ -199,7 +201,7 @@ impl StreamMetrics {
             published: per_verb(&m.events_published),
             acked: per_verb(&m.events_acked),
             dead_lettered: per_verb(&m.events_dead_lettered),
-            filtered: crate::config::Verb::ALL.map(|v| {
+            filtered: Verb::ALL.map(|v| {
                 FILTER_REASONS.map(|reason| {
                     let r = resource(group, kind);
                     let key = Filtered { group: r.group, kind: r.kind, verb: v.as_str(), reason };
@@ -212,22 +214,14 @@ impl StreamMetrics {
     }
 
     /// A change not sent, and why (one of [`FILTER_REASONS`]).
-    pub fn filtered(&self, verb: crate::config::Verb, reason: &'static str) {
+    pub fn filtered(&self, verb: Verb, reason: &'static str) {
         let r = FILTER_REASONS.iter().position(|x| *x == reason).expect("a known filter reason");
-        self.filtered[verb_index(verb)][r].inc();
+        self.filtered[verb.index()][r].inc();
     }
 }
 
 /// The `reason` label values of `kubecast_events_filtered_total` (see `shaping::Dropped`).
 pub const FILTER_REASONS: [&str; 4] = ["verb", "filter", "status_only", "unreadable"];
-
-pub fn verb_index(v: crate::config::Verb) -> usize {
-    match v {
-        crate::config::Verb::Added => 0,
-        crate::config::Verb::Modified => 1,
-        crate::config::Verb::Deleted => 2,
-    }
-}
 
 /// Per-stream counter of the reflector (relists, 410s, resync events, watch restarts).
 pub fn stream_counter(family: &Family<Stream, Counter>, stream: &str) -> Counter {

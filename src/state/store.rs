@@ -8,7 +8,6 @@
 //! JSON format. A file that cannot be parsed, has an unknown version or belongs to another
 //! query is an error, never a silent full replay.
 
-use std::collections::HashMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -16,19 +15,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::model::{IndexEntry, Position};
+
 /// Version of the file format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
-
-/// What the stream knows about one delivered object (never the whole object).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexEntry {
-    pub namespace: Option<String>,
-    pub name: String,
-    pub resource_version: String,
-}
-
-/// uid -> entry (foldhash: the uids come from the apiserver; hashed once per event).
-pub type Index = HashMap<String, IndexEntry, foldhash::fast::RandomState>;
 
 /// The identity of a stream: exactly the query it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,18 +49,6 @@ impl StreamKey {
     }
 }
 
-/// The state a stream resumes from.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Checkpoint {
-    /// Where to resume the watch; `None` until the first list completed and was acknowledged.
-    pub resource_version: Option<String>,
-    pub objects: Index,
-    /// `(uid, resourceVersion)` of changes after the resume point that were delivered and
-    /// acknowledged already, out of order (behind an event still in flight when kubecast
-    /// stopped): a resumed watch acknowledges them without sending them again.
-    pub acked_ahead: Vec<(String, String)>,
-}
-
 #[derive(Serialize, Deserialize)]
 struct FileFormat {
     version: u32,
@@ -78,7 +56,7 @@ struct FileFormat {
     resource_version: Option<String>,
     /// `[uid, namespace, name, resourceVersion]`; namespace `""` for cluster-scoped objects.
     objects: Vec<(String, String, String, String)>,
-    /// `[uid, resourceVersion]` of changes acknowledged out of order (see `Checkpoint`).
+    /// `[uid, resourceVersion]` of changes acknowledged out of order (see `Position`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     acked_ahead: Vec<(String, String)>,
 }
@@ -122,7 +100,7 @@ impl CheckpointStore {
     }
 
     /// `Ok(None)` when the stream has no checkpoint yet.
-    pub fn load(&self, key: &StreamKey) -> Result<Option<Checkpoint>, CheckpointError> {
+    pub fn load(&self, key: &StreamKey) -> Result<Option<Position>, CheckpointError> {
         let path = self.path(key);
         let bytes = match fs::read(&path) {
             Ok(b) => b,
@@ -151,16 +129,16 @@ impl CheckpointStore {
                 (uid, IndexEntry { namespace: (!ns.is_empty()).then_some(ns), name, resource_version: rv })
             })
             .collect();
-        Ok(Some(Checkpoint { resource_version: file.resource_version, objects, acked_ahead: file.acked_ahead }))
+        Ok(Some(Position { resource_version: file.resource_version, objects, acked_ahead: file.acked_ahead }))
     }
 
     /// Writes atomically: a crash leaves either the old or the new file, never a torn one.
-    pub fn save(&self, key: &StreamKey, cp: &Checkpoint) -> Result<(), CheckpointError> {
+    pub fn save(&self, key: &StreamKey, cp: &Position) -> Result<(), CheckpointError> {
         self.write(key, &self.encode(key, cp, &cp.acked_ahead))
     }
 
     /// The file content for `cp` (cheap enough to do under a lock; the write is not).
-    pub fn encode(&self, key: &StreamKey, cp: &Checkpoint, acked_ahead: &[(String, String)]) -> Vec<u8> {
+    pub fn encode(&self, key: &StreamKey, cp: &Position, acked_ahead: &[(String, String)]) -> Vec<u8> {
         let file = FileFormat {
             version: FORMAT_VERSION,
             stream: key.clone(),
@@ -216,7 +194,7 @@ mod tests {
         let store = CheckpointStore::open(dir.path()).unwrap();
         let k = key(Some("shop"), "app=x");
         assert_eq!(store.load(&k).unwrap(), None);
-        let mut cp = Checkpoint { resource_version: Some("17".into()), ..Default::default() };
+        let mut cp = Position { resource_version: Some("17".into()), ..Default::default() };
         cp.objects.insert(
             "u1".into(),
             IndexEntry { namespace: Some("shop".into()), name: "a".into(), resource_version: "9".into() },

@@ -8,66 +8,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::checkpoint::{Checkpoint, CheckpointError, CheckpointStore, Index, IndexEntry, StreamKey};
-
-/// An index change carried by an item.
-#[derive(Debug, Clone, PartialEq)]
-pub enum IndexOp {
-    Upsert(String, IndexEntry),
-    Remove(String),
-}
-
-/// What acknowledging an item does to the checkpoint.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Effect {
-    /// A live watch event: update the index, resume after `rv`.
-    Watched { op: IndexOp, rv: String },
-    /// An event derived by a relist-diff: update the index; the resume point moves only with
-    /// the list's [`Effect::Listed`].
-    Diffed(IndexOp),
-    /// A bookmark: resume after `rv`.
-    Bookmark(String),
-    /// A list (and its diff) is complete: the index is exactly `objects`, resume after `rv`.
-    Listed { rv: String, objects: Index },
-}
-
-impl Effect {
-    /// `(uid, resourceVersion)` of a watched change (what a resumed watch would deliver again).
-    fn change_key(&self) -> Option<(String, String)> {
-        match self {
-            Effect::Watched { op: IndexOp::Upsert(uid, e), .. } => Some((uid.clone(), e.resource_version.clone())),
-            Effect::Watched { op: IndexOp::Remove(uid), rv } => Some((uid.clone(), rv.clone())),
-            _ => None,
-        }
-    }
-
-    fn apply(self, cp: &mut Checkpoint) {
-        let op = match self {
-            Effect::Watched { op, rv } => {
-                cp.resource_version = Some(rv);
-                op
-            }
-            Effect::Diffed(op) => op,
-            Effect::Bookmark(rv) => {
-                cp.resource_version = Some(rv);
-                return;
-            }
-            Effect::Listed { rv, objects } => {
-                cp.resource_version = Some(rv);
-                cp.objects = objects;
-                return;
-            }
-        };
-        match op {
-            IndexOp::Upsert(uid, entry) => {
-                cp.objects.insert(uid, entry);
-            }
-            IndexOp::Remove(uid) => {
-                cp.objects.remove(&uid);
-            }
-        }
-    }
-}
+use super::store::{CheckpointError, CheckpointStore, StreamKey};
+use crate::model::{Effect, Position};
+#[cfg(test)]
+use crate::model::{Index, IndexEntry, IndexOp};
 
 /// The ordered watermark of one stream.
 #[derive(Debug)]
@@ -76,13 +20,13 @@ pub struct Watermark {
     next: u64,
     /// Acknowledged items after a gap.
     ahead: BTreeMap<u64, Effect>,
-    committed: Checkpoint,
+    committed: Position,
     dirty: bool,
 }
 
 impl Watermark {
     /// Starts from a loaded (or empty) checkpoint; the reflector numbers its items from 0.
-    pub fn new(start: Checkpoint) -> Self {
+    pub fn new(start: Position) -> Self {
         Self { next: 0, ahead: BTreeMap::new(), committed: start, dirty: false }
     }
 
@@ -105,7 +49,7 @@ impl Watermark {
         self.dirty = true;
     }
 
-    pub fn committed(&self) -> &Checkpoint {
+    pub fn committed(&self) -> &Position {
         &self.committed
     }
 
@@ -125,7 +69,7 @@ pub struct StreamCheckpoint {
 
 impl StreamCheckpoint {
     /// Loads the stream's checkpoint (`None` inside when it has none yet).
-    pub fn load(store: CheckpointStore, key: StreamKey) -> Result<(Self, Option<Checkpoint>), CheckpointError> {
+    pub fn load(store: CheckpointStore, key: StreamKey) -> Result<(Self, Option<Position>), CheckpointError> {
         let loaded = store.load(&key)?;
         let wm = Watermark::new(loaded.clone().unwrap_or_default());
         Ok((Self { key, store, watermark: Mutex::new(wm) }, loaded))
@@ -153,7 +97,7 @@ impl StreamCheckpoint {
         Ok(true)
     }
 
-    pub fn committed(&self) -> Checkpoint {
+    pub fn committed(&self) -> Position {
         self.watermark.lock().expect("watermark lock").committed().clone()
     }
 
@@ -173,7 +117,7 @@ mod tests {
 
     #[test]
     fn checkpoint_never_passes_an_unacked_item() {
-        let mut wm = Watermark::new(Checkpoint::default());
+        let mut wm = Watermark::new(Position::default());
         wm.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
         wm.ack(2, Effect::Bookmark("15".into()));
         assert_eq!(wm.committed().resource_version, None, "item 0 is not acked yet");
@@ -188,7 +132,7 @@ mod tests {
 
     #[test]
     fn diffed_items_do_not_move_the_resume_point_until_the_list_is_done() {
-        let mut wm = Watermark::new(Checkpoint { resource_version: Some("5".into()), ..Default::default() });
+        let mut wm = Watermark::new(Position { resource_version: Some("5".into()), ..Default::default() });
         wm.ack(0, Effect::Diffed(IndexOp::Upsert("a".into(), entry("20"))));
         assert_eq!(wm.committed().resource_version.as_deref(), Some("5"));
         let mut objects = Index::default();

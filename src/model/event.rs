@@ -13,36 +13,12 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-use chrono::{DateTime, Utc};
-use std::borrow::Cow;
-
-pub use cloudevents::event::ExtensionValue;
 use kube::api::ApiResource;
 
-use crate::config::Verb;
-use crate::object::RawObject;
-use crate::sink::template::TypeFields;
-
-/// Where an event's change was observed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Origin {
-    /// The initial list of a stream that had no checkpoint.
-    Snapshot,
-    /// A live watch event.
-    Watch,
-    /// Derived by diffing a relist against what the stream had delivered (after 410 Gone).
-    Resync,
-}
-
-impl Origin {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Origin::Snapshot => "snapshot",
-            Origin::Watch => "watch",
-            Origin::Resync => "resync",
-        }
-    }
-}
+use super::attributes::{AttributeValue, Attributes};
+use super::fields::TypeFields;
+use super::object::RawObject;
+use super::verb::{Origin, Verb};
 
 /// One change of one object, as the reflector saw it.
 #[derive(Debug, Clone)]
@@ -71,203 +47,6 @@ pub struct CloudEvent {
     /// The structured form, when built ahead by [`CloudEvent::seal_structured`]; `data` is
     /// then a slice of it.
     structured: Option<Bytes>,
-}
-
-/// The attributes of a kubecast CloudEvent (spec 1.0), in two allocations per event.
-///
-/// Not the cloudevents-sdk `Event`: that one holds every attribute and extension in a `String`
-/// of its own and the extensions in a `HashMap` with `String` keys, 12 allocations per event
-/// (built by the reflector's thread, freed by the queue's: each free then a cache miss). Here
-/// the id `{uid}:{rv}:{verb}` holds `partitionkey` and `resourceversion` too, `source` and
-/// `type` are per resource type (interned), `origin` and `datacontenttype` are constants, and
-/// further extensions (shaping, trace context: not on every event) sit in a short list. The
-/// SDK stays the reference: [`Attributes::to_sdk`], and a test checks that the structured JSON
-/// is the SDK's.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Attributes {
-    /// `{uid}:{rv}:{verb}`.
-    id: String,
-    uid_len: usize,
-    rv_len: usize,
-    source: &'static str,
-    ty: &'static str,
-    subject: String,
-    time: DateTime<Utc>,
-    datacontenttype: &'static str,
-    origin: Origin,
-    /// Other extensions, in name order.
-    others: Vec<(&'static str, ExtensionValue)>,
-}
-
-/// An attribute's value as the encoders read it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum AttributeValue<'a> {
-    Str(&'a str),
-    Time(&'a DateTime<Utc>),
-    Bool(bool),
-    Int(i64),
-}
-
-impl AttributeValue<'_> {
-    /// The value as text (a header value): strings as they are, the time in RFC 3339 with
-    /// `Z`, booleans and integers as JSON writes them.
-    pub fn text(&self) -> Cow<'_, str> {
-        match *self {
-            AttributeValue::Str(s) => Cow::Borrowed(s),
-            AttributeValue::Time(t) => Cow::Owned(t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)),
-            AttributeValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
-            AttributeValue::Int(i) => Cow::Owned(i.to_string()),
-        }
-    }
-}
-
-impl<'a> From<&'a ExtensionValue> for AttributeValue<'a> {
-    fn from(v: &'a ExtensionValue) -> Self {
-        match v {
-            ExtensionValue::String(s) => AttributeValue::Str(s),
-            ExtensionValue::Boolean(b) => AttributeValue::Bool(*b),
-            ExtensionValue::Integer(i) => AttributeValue::Int(*i),
-        }
-    }
-}
-
-/// The extensions every event has (its `id` or constants).
-const OWN_EXTENSIONS: [&str; 3] = ["origin", "partitionkey", "resourceversion"];
-
-impl Attributes {
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    pub fn source(&self) -> &str {
-        self.source
-    }
-
-    pub fn ty(&self) -> &str {
-        self.ty
-    }
-
-    pub fn subject(&self) -> &str {
-        &self.subject
-    }
-
-    pub fn time(&self) -> &DateTime<Utc> {
-        &self.time
-    }
-
-    pub fn datacontenttype(&self) -> &str {
-        self.datacontenttype
-    }
-
-    pub fn set_datacontenttype(&mut self, content_type: &'static str) {
-        self.datacontenttype = content_type;
-    }
-
-    /// The object's uid (the `partitionkey` extension).
-    pub fn partition_key(&self) -> &str {
-        &self.id[..self.uid_len]
-    }
-
-    /// The object's resourceVersion (the `resourceversion` extension).
-    pub fn resource_version(&self) -> &str {
-        &self.id[self.uid_len + 1..self.uid_len + 1 + self.rv_len]
-    }
-
-    /// Sets (or replaces) extension `name`; not one of `origin`, `partitionkey`,
-    /// `resourceversion`, which every event has from its change.
-    pub fn set_extension(&mut self, name: &'static str, value: impl Into<ExtensionValue>) {
-        assert!(!OWN_EXTENSIONS.contains(&name), "extension {name:?} comes from the change");
-        // The structured form writes names as they are (no escaping).
-        debug_assert!(
-            !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()),
-            "extension names are lowercase letters and digits (CloudEvents): {name:?}"
-        );
-        let value = value.into();
-        match self.others.binary_search_by(|(n, _)| (*n).cmp(name)) {
-            Ok(at) => self.others[at].1 = value,
-            Err(at) => self.others.insert(at, (name, value)),
-        }
-    }
-
-    pub fn extension(&self, name: &str) -> Option<AttributeValue<'_>> {
-        self.extensions().find(|(n, _)| *n == name).map(|(_, v)| v)
-    }
-
-    /// The context attributes in the SDK's order: specversion, id, type, source,
-    /// datacontenttype, subject, time.
-    pub fn iter_attributes(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
-        [
-            ("specversion", AttributeValue::Str("1.0")),
-            ("id", AttributeValue::Str(&self.id)),
-            ("type", AttributeValue::Str(self.ty)),
-            ("source", AttributeValue::Str(self.source)),
-            ("datacontenttype", AttributeValue::Str(self.datacontenttype)),
-            ("subject", AttributeValue::Str(&self.subject)),
-            ("time", AttributeValue::Time(&self.time)),
-        ]
-        .into_iter()
-    }
-
-    /// Every attribute: the context attributes, then the extensions (what the structured form
-    /// and the binary-mode headers carry).
-    pub fn all(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
-        self.iter_attributes().chain(self.extensions())
-    }
-
-    /// The extensions in name order: every event of a stream lists them in the same order.
-    pub fn extensions(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
-        let own = [
-            ("origin", AttributeValue::Str(self.origin.as_str())),
-            ("partitionkey", AttributeValue::Str(self.partition_key())),
-            ("resourceversion", AttributeValue::Str(self.resource_version())),
-        ];
-        let (mut own, mut others) = (own.into_iter().peekable(), self.others.iter().peekable());
-        std::iter::from_fn(move || match (own.peek(), others.peek()) {
-            (Some((a, _)), Some((b, _))) if b < a => others.next().map(|(n, v)| (*n, v.into())),
-            (Some(_), _) => own.next(),
-            (None, _) => others.next().map(|(n, v)| (*n, v.into())),
-        })
-    }
-
-    /// The same attributes as a cloudevents-sdk event (the reference the tests compare with).
-    #[cfg(test)]
-    pub fn to_sdk(&self) -> cloudevents::Event {
-        use cloudevents::{AttributesWriter, EventBuilder, EventBuilderV10};
-        let mut event = EventBuilderV10::new()
-            .id(self.id.clone())
-            .source(self.source)
-            .ty(self.ty)
-            .subject(self.subject.clone())
-            .time(self.time)
-            .build()
-            .expect("id, source and type are set");
-        event.set_datacontenttype(Some(self.datacontenttype));
-        for (name, value) in self.extensions() {
-            let value = match value {
-                AttributeValue::Str(s) => ExtensionValue::String(s.to_string()),
-                AttributeValue::Bool(b) => ExtensionValue::Boolean(b),
-                AttributeValue::Int(i) => ExtensionValue::Integer(i),
-                AttributeValue::Time(_) => ExtensionValue::String(value.text().into_owned()),
-            };
-            event.set_extension(name, value);
-        }
-        event
-    }
-}
-
-/// `s` as a string that lives as long as the process, the same one for equal strings: the
-/// per-resource-type `source` and `type` of events (a few per watched resource; a kind
-/// discovered again, e.g. a CRD re-created with another version, may add a few more, never
-/// freed).
-fn intern(s: String) -> &'static str {
-    static STRINGS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
-    let mut strings = STRINGS.get_or_init(Default::default).lock().expect("interned strings");
-    if let Some(known) = strings.get(s.as_str()) {
-        return known;
-    }
-    let leaked: &'static str = Box::leak(s.into_boxed_str());
-    strings.insert(leaked);
-    leaked
 }
 
 impl CloudEvent {
@@ -379,6 +158,21 @@ fn json_string(out: &mut Vec<u8>, s: &str) {
     }
 }
 
+/// `s` as a string that lives as long as the process, the same one for equal strings: the
+/// per-resource-type `source` and `type` of events (a few per watched resource; a kind
+/// discovered again, e.g. a CRD re-created with another version, may add a few more, never
+/// freed).
+fn intern(s: String) -> &'static str {
+    static STRINGS: OnceLock<Mutex<HashSet<&'static str>>> = OnceLock::new();
+    let mut strings = STRINGS.get_or_init(Default::default).lock().expect("interned strings");
+    if let Some(known) = strings.get(s.as_str()) {
+        return known;
+    }
+    let leaked: &'static str = Box::leak(s.into_boxed_str());
+    strings.insert(leaked);
+    leaked
+}
+
 /// Per-resource-type parts of every event (computed once per stream).
 #[derive(Debug, Clone)]
 pub struct EventSource {
@@ -429,18 +223,8 @@ impl EventSource {
             Some(ns) if !ns.is_empty() => [ns, "/", name].concat(),
             _ => name.to_string(),
         };
-        let attributes = Attributes {
-            id: [uid, ":", rv, ":", verb.as_str()].concat(),
-            uid_len: uid.len(),
-            rv_len: rv.len(),
-            source: self.source,
-            ty: self.types[crate::metrics::verb_index(verb)],
-            subject,
-            time: Utc::now(),
-            datacontenttype: "application/json",
-            origin,
-            others: Vec::new(),
-        };
+        let attributes =
+            Attributes::new(uid, rv, verb.as_str(), self.source, self.types[verb.index()], subject, origin);
         // List items come without apiVersion/kind; every payload describes itself.
         let data = object.into_json_bytes(&self.resource);
         Ok(CloudEvent { attributes, data, structured: None })
@@ -456,6 +240,7 @@ pub enum EventError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::attributes::ExtensionValue;
     use kube::api::GroupVersionKind;
 
     #[test]
@@ -549,24 +334,6 @@ mod tests {
         let without: serde_json::Value = serde_json::from_slice(&ev.to_structured_without_data()).unwrap();
         assert!(without.get("data").is_none());
         assert_eq!(without["id"], ours["id"]);
-    }
-
-    #[test]
-    fn data_is_the_objects_text_without_a_copy() {
-        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
-        let src = Arc::new(EventSource::new("c", &ar));
-        let obj: RawObject = serde_json::from_str(
-            r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","namespace":"n","uid":"u","resourceVersion":"1"}}"#,
-        )
-        .unwrap();
-        let text = obj.text().as_ptr();
-        let ev =
-            Change { verb: Verb::Added, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
-        assert_eq!(ev.data.as_ptr(), text);
-        let (payload, _) = crate::sink::nats::encode(&ev, crate::sink::nats::Mode::Binary);
-        assert_eq!(payload.as_ptr(), text, "NATS binary mode shares the bytes");
-        let (value, _) = crate::sink::kafka::encode(&ev, crate::sink::kafka::Mode::Binary);
-        assert_eq!(value.as_ptr(), text, "Kafka binary mode borrows them");
     }
 
     fn event(uid: &str, rv: &str, verb: Verb) -> CloudEvent {

@@ -1,0 +1,24 @@
+//! `RunError`: why `kubecast run` stopped (the first fatal error of any stage).
+
+use crate::delivery::queue::DeliveryError;
+use crate::observe::admin::AdminError;
+use crate::sink::SinkError;
+use crate::source::client::ClientError;
+use crate::source::reflector::ReflectorError;
+use crate::state::store::CheckpointError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Reflector(#[from] ReflectorError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Delivery(#[from] DeliveryError),
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+}

@@ -1,0 +1,14 @@
+//! The binary's side: the command line (`cli`), the allocator's settings (`allocator`), and
+//! `kubecast run`: its wiring (`wiring`, also used by the benchmarks), start-up checks
+//! (`preflight`), supervision (`supervise`) and shutdown (`shutdown`), put together in `run`.
+//!
+//! Invariant: only this folder (and `main.rs`) knows every stage; nothing in `src/` imports it.
+
+pub mod allocator;
+pub mod cli;
+mod error;
+mod preflight;
+pub mod run;
+mod shutdown;
+mod supervise;
+pub mod wiring;

@@ -1,0 +1,70 @@
+//! Checks made at start, before any stream runs, that need both the apiserver and the sink.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::GroupVersionKind;
+use tracing::{error, warn};
+
+use crate::config::Config;
+use crate::model::{Fields, TypeFields};
+use crate::sink::template::Template;
+use crate::sink::{NatsSink, Sink, SinkError};
+
+/// JetStream: a stream must cover the subjects events go to. Checked at start for each
+/// resource's subjects (its kind found by discovery; a namespace of the configured ones, or
+/// `default`); when NATS is not reachable yet, checked once it is (then a missing stream is
+/// logged, and the events wait and retry instead of stopping kubecast).
+pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &Arc<Sink>) -> Result<(), SinkError> {
+    let Some(n) = sink.nats() else { return Ok(()) };
+    if !n.jetstream() {
+        warn!("sink.nats.jetstream = false: core NATS is at-most-once; events can be lost when the connection drops");
+        return Ok(());
+    }
+    let subjects = nats_sample_subjects(config, client, n).await;
+    if n.is_connected() {
+        return n.ensure_streams(&subjects).await;
+    }
+    warn!("NATS is not reachable yet; the JetStream streams are checked once it is, and events wait until then");
+    let sink = sink.clone();
+    tokio::spawn(async move {
+        let Some(n) = sink.nats() else { return };
+        while !n.is_connected() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if let Err(e) = n.ensure_streams(&subjects).await {
+            error!(error = %e, "events to these subjects are retried until a stream covers them");
+        }
+    });
+    Ok(())
+}
+
+async fn nats_sample_subjects(config: &Config, client: &kube::Client, n: &NatsSink) -> Vec<String> {
+    let mut out = Vec::new();
+    for rc in &config.resources {
+        let (group, version) = rc.group_version();
+        let gvk = GroupVersionKind::gvk(group, version, &rc.kind);
+        let Ok((ar, caps)) = kube::discovery::pinned_kind(client, &gvk).await else {
+            continue; // not served (yet): the reflector waits for it or fails
+        };
+        let namespaces: Vec<String> = if !rc.namespaces.is_empty() {
+            rc.namespaces.clone()
+        } else if caps.scope == kube::discovery::Scope::Namespaced {
+            vec!["default".into()]
+        } else {
+            vec![String::new()]
+        };
+        let route = rc.subject.as_deref().map(|t| Template::parse(t).expect("validated"));
+        let of_type = TypeFields::new(&config.cluster.name, &ar).intern();
+        for namespace in namespaces {
+            for verb in &rc.events {
+                let fields = Fields { of_type, namespace: namespace.clone(), verb: verb.as_str() };
+                let subject = n.subject_for(route.as_ref(), &fields);
+                if !out.contains(&subject) {
+                    out.push(subject);
+                }
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,80 @@
+//! `kubecast run`: wires the data flow, supervises it, shuts it down.
+//!
+//! ```text
+//! config -> reflector per stream -> [channel] -> shaping (events filter, CloudEvent)
+//!        -> [channel] -> outbound queue (order, rate limit, retry, dead letter) -> sink
+//!                                                                                   |
+//!            checkpoint files <- persister <- watermark per stream <- ack <---------+
+//! ```
+//!
+//! Every item a reflector emits is acknowledged exactly once: after the sink accepted its
+//! event (or it went to the dead letter), or at once when the `events` filter drops it or it
+//! carries no change (bookmarks, end of a list). Only acknowledged items move a stream's
+//! checkpoint (see `state/watermark.rs`). All channels are bounded: when the sink is slow they
+//! fill and the reflectors stop reading their watches (backpressure).
+//!
+//! The admin server is bound before any watch starts. Supervision (`supervise.rs`) runs until
+//! the token fires, a stream fails or the queue stops; then `shutdown.rs` drains.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+pub use super::error::RunError;
+use super::preflight::check_nats_streams;
+use super::wiring::{CHANNEL_CAPACITY, Pipeline};
+use super::{shutdown, supervise};
+use crate::config::Config;
+use crate::observe::admin;
+use crate::observe::health::Health;
+use crate::sink::Sink;
+use crate::source::client;
+use crate::source::reflector::Item;
+
+/// Runs until `shutdown` fires or a fatal error occurs.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
+    let client = client::client(&config.cluster).await?;
+    let api_limiter = client::limiter(&config.cluster);
+    let mut pipeline = Pipeline::new(config)?;
+    let config = &pipeline.config;
+    let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);
+    check_nats_streams(config, &client, &sink).await?;
+    let health = Health::new(pipeline.stream_names(), sink.connected());
+
+    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let reflectors = pipeline.reflectors(&client, &api_limiter, &health, &items_tx);
+    drop(items_tx);
+
+    let cancel = shutdown.child_token();
+    admin::serve(&pipeline.config.admin, health.clone(), cancel.clone()).await?;
+    if sink.kafka().is_some() {
+        tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));
+    }
+    let mut streams = JoinSet::new();
+    for r in reflectors {
+        streams.spawn(r.run(cancel.clone()));
+    }
+    info!(streams = pipeline.streams.len(), sink = %pipeline.config.sink.kind, "kubecast running");
+    let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &cancel);
+
+    let mut outcome = supervise::Outcome::default();
+    let queue_done = supervise::until_stopped(&mut streams, &mut downstream.queue, &cancel, &mut outcome).await;
+    let timeout = std::time::Duration::from_secs(pipeline.config.delivery.shutdown_timeout_seconds);
+    shutdown::drain(shutdown::Drain {
+        health: &health,
+        cancel: &cancel,
+        streams,
+        downstream,
+        queue_done,
+        sink: &sink,
+        checkpoints: pipeline.checkpoints(),
+        timeout,
+        outcome: &mut outcome,
+    })
+    .await;
+    info!("kubecast stopped; checkpoints written");
+    outcome.into_result()
+}

@@ -1,0 +1,214 @@
+//! Wiring: the streams of a config (one per `[[resources]]` entry and namespace), their
+//! positions, and the stages after the reflectors (shaping, queue, persister), built the same
+//! way for `kubecast run` and for the benchmarks (which feed the reflectors' channel
+//! themselves).
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use governor::{Quota, RateLimiter};
+use kube::api::GroupVersionKind;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::delivery::dead_letter::DeadLetter;
+use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
+use crate::delivery::retry::RetryPolicy;
+use crate::model::Position;
+use crate::observe::health::Health;
+use crate::observe::metrics::StreamMetrics;
+use crate::shaping::Shaper;
+use crate::shaping::stage::{self, StreamRoute};
+use crate::sink::Sink;
+use crate::sink::template::Template;
+use crate::source::client::ApiLimiter;
+use crate::source::reflector::{Item, Reflector, StreamSpec};
+use crate::state::persister;
+use crate::state::store::{CheckpointError, CheckpointStore, StreamKey};
+use crate::state::watermark::StreamCheckpoint;
+
+/// Capacity of each channel between stages (reflectors -> shaping -> queue).
+pub const CHANNEL_CAPACITY: usize = 1024;
+
+/// One stream: a `[[resources]]` entry in one namespace (or cluster-wide).
+#[derive(Debug, Clone)]
+pub struct StreamPlan {
+    /// The stream's identity: exactly its query.
+    pub key: StreamKey,
+    /// Human-readable, e.g. `v1 ConfigMap in namespace shop`.
+    pub name: String,
+    /// Its `[[resources]]` entry.
+    pub resource_index: usize,
+}
+
+/// A config's streams with their positions loaded, ready to be started.
+pub struct Pipeline {
+    pub config: Config,
+    pub streams: Vec<StreamPlan>,
+    checkpoints: Vec<Arc<StreamCheckpoint>>,
+    /// What each stream resumes from (taken by its reflector).
+    loaded: Vec<Option<Position>>,
+    metrics: Vec<Arc<StreamMetrics>>,
+}
+
+impl Pipeline {
+    /// Opens the checkpoint store and loads every stream's position.
+    pub fn new(config: Config) -> Result<Self, CheckpointError> {
+        let store = CheckpointStore::open(&config.checkpoint.dir)?;
+        let streams = plan(&config);
+        let (mut checkpoints, mut loaded, mut metrics) = (Vec::new(), Vec::new(), Vec::new());
+        for s in &streams {
+            let (checkpoint, start) = StreamCheckpoint::load(store.clone(), s.key.clone())?;
+            checkpoints.push(Arc::new(checkpoint));
+            loaded.push(start);
+            metrics.push(Arc::new(StreamMetrics::new(&s.key.group, &s.key.kind, &s.name)));
+        }
+        Ok(Self { config, streams, checkpoints, loaded, metrics })
+    }
+
+    pub fn stream_names(&self) -> Vec<String> {
+        self.streams.iter().map(|s| s.name.clone()).collect()
+    }
+
+    pub fn checkpoints(&self) -> &[Arc<StreamCheckpoint>] {
+        &self.checkpoints
+    }
+
+    /// One reflector per stream, each starting from its loaded position and sending its items
+    /// to `items`.
+    pub fn reflectors(
+        &mut self,
+        client: &kube::Client,
+        limiter: &ApiLimiter,
+        health: &Arc<Health>,
+        items: &mpsc::Sender<Item>,
+    ) -> Vec<Reflector> {
+        let cluster = &self.config.cluster;
+        self.streams
+            .iter()
+            .zip(self.loaded.iter_mut())
+            .enumerate()
+            .map(|(id, (s, loaded))| {
+                let rc = &self.config.resources[s.resource_index];
+                let spec = StreamSpec {
+                    id,
+                    name: s.name.clone(),
+                    resource_index: s.resource_index,
+                    cluster: cluster.name.clone(),
+                    client: client.clone(),
+                    limiter: limiter.clone(),
+                    gvk: GroupVersionKind::gvk(&s.key.group, &s.key.version, &s.key.kind),
+                    namespace: s.key.namespace.clone(),
+                    label_selector: rc.label_selector.clone(),
+                    field_selector: rc.field_selector.clone(),
+                    page_size: rc.page_size,
+                    watch_timeout_seconds: cluster.watch_timeout_seconds,
+                    initial: rc.initial,
+                    missing_kind: rc.missing_kind,
+                    streaming_lists: cluster.streaming_lists,
+                    health: health.clone(),
+                };
+                Reflector::new(spec, loaded.take(), items.clone())
+            })
+            .collect()
+    }
+
+    /// Starts the stages after the reflectors: shaping (reading `items`), the queue into
+    /// `sink`, and the persister.
+    pub fn start_downstream(
+        &self,
+        sink: Arc<Sink>,
+        items: mpsc::Receiver<Item>,
+        cancel: &CancellationToken,
+    ) -> Downstream {
+        let config = &self.config;
+        let persister = tokio::spawn(persister::run(
+            self.checkpoints.clone(),
+            self.metrics.clone(),
+            Duration::from_millis(config.checkpoint.flush_interval_ms),
+            cancel.clone(),
+        ));
+        let routes_of: Vec<(Option<Arc<Template>>, Option<Limiter>)> = config
+            .resources
+            .iter()
+            .map(|rc| {
+                let route = rc.route(config.sink.kind).map(|t| Arc::new(Template::parse(t).expect("validated")));
+                (route, rc.rate_per_second.map(|r| rate_limiter(r, r)))
+            })
+            .collect();
+        let routes = self
+            .streams
+            .iter()
+            .zip(&self.metrics)
+            .map(|(s, metrics)| StreamRoute {
+                shaper: s.resource_index,
+                metrics: metrics.clone(),
+                route: routes_of[s.resource_index].0.clone(),
+                limiter: routes_of[s.resource_index].1.clone(),
+            })
+            .collect();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
+        let shapers: Vec<Shaper> = config.resources.iter().map(|rc| Shaper::new(&rc.shaping())).collect();
+        let shaper = tokio::spawn(stage::run(items, jobs_tx, routes, shapers, sink.sends_structured()));
+        let d = &config.delivery;
+        let retry = RetryPolicy::new(d);
+        let queue = Queue {
+            sink: sink.clone(),
+            limiter: (d.rate_per_second > 0).then(|| rate_limiter(d.rate_per_second, d.burst)),
+            retry,
+            dead_letter: Arc::new(DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, retry)),
+            max_in_flight: d.max_in_flight,
+            capacity: d.queue_capacity,
+            checkpoints: self.checkpoints.clone(),
+            metrics: self.metrics.clone(),
+        };
+        let queue = tokio::spawn(async move { queue.run(jobs_rx).await });
+        Downstream { shaper, queue, persister }
+    }
+}
+
+/// The running stages after the reflectors.
+pub struct Downstream {
+    /// Ends when the reflectors' channel is closed and every item was handed to the queue.
+    pub shaper: JoinHandle<()>,
+    /// Ends when everything taken was delivered (the shaper gone), or with a fatal error.
+    pub queue: JoinHandle<Result<(), DeliveryError>>,
+    /// Ends when the cancel token fires.
+    pub persister: JoinHandle<()>,
+}
+
+/// The streams of `config`, in stream order (one per resource and namespace).
+pub fn plan(config: &Config) -> Vec<StreamPlan> {
+    let mut out = Vec::new();
+    for (resource_index, rc) in config.resources.iter().enumerate() {
+        let (group, version) = rc.group_version();
+        let scopes: Vec<Option<String>> =
+            if rc.namespaces.is_empty() { vec![None] } else { rc.namespaces.iter().cloned().map(Some).collect() };
+        for namespace in scopes {
+            let name = match &namespace {
+                Some(ns) => format!("{} in namespace {ns}", rc.describe()),
+                None => format!("{} (cluster-wide)", rc.describe()),
+            };
+            let key = StreamKey {
+                cluster: config.cluster.name.clone(),
+                group: group.to_string(),
+                version: version.to_string(),
+                kind: rc.kind.clone(),
+                namespace,
+                label_selector: rc.label_selector.clone(),
+                field_selector: rc.field_selector.clone(),
+            };
+            out.push(StreamPlan { key, name, resource_index });
+        }
+    }
+    out
+}
+
+fn rate_limiter(rate: u32, burst: u32) -> Limiter {
+    let rate = NonZeroU32::new(rate).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(burst).unwrap_or(rate);
+    Arc::new(RateLimiter::direct(Quota::per_second(rate).allow_burst(burst)))
+}

@@ -1,0 +1,201 @@
+//! Configuration: the TOML file (or the embedded defaults), then `KUBECAST_`-prefixed
+//! environment overrides with `__` as the nesting separator, then semantic validation.
+//!
+//! Every error names the key it is about and says how to fix it.
+
+mod resource;
+
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::delivery::DeliveryConfig;
+use crate::model::Problem;
+use crate::observe::admin::AdminConfig;
+use crate::observe::trace::TelemetryConfig;
+use crate::sink::{SinkConfig, SinkType};
+use crate::source::client::ClusterConfig;
+use crate::state::CheckpointConfig;
+pub use resource::ResourceConfig;
+
+/// The configuration used when `--config` is not given (also the demo's).
+pub const EMBEDDED_DEFAULTS: &str = include_str!("../../config/default.toml");
+
+/// Environment variables with this prefix and a `__` in the rest of their name override keys
+/// of the file: `KUBECAST_SINK__PATH=x` sets `sink.path`.
+pub const ENV_PREFIX: &str = "KUBECAST_";
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub cluster: ClusterConfig,
+    #[serde(default)]
+    pub checkpoint: CheckpointConfig,
+    #[serde(default)]
+    pub sink: SinkConfig,
+    #[serde(default)]
+    pub delivery: DeliveryConfig,
+    #[serde(default)]
+    pub admin: AdminConfig,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub resources: Vec<ResourceConfig>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(
+        "config file {path} cannot be read: {cause} (fix: pass an existing, readable file to --config / KUBECAST_CONFIG, or omit it to use the embedded defaults)"
+    )]
+    Unreadable { path: PathBuf, cause: std::io::Error },
+    #[error("config{origin}: {problem}")]
+    Parse { origin: String, problem: Problem },
+    #[error("invalid config{origin}:\n{}", .problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid { origin: String, problems: Vec<Problem> },
+}
+
+impl Config {
+    /// Loads the file at `path` (or the embedded defaults when `None`), applies environment
+    /// overrides and validates the result.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let (figment, origin) = match path {
+            Some(p) => {
+                // figment treats a missing file as empty: refuse that explicitly.
+                std::fs::read(p).map_err(|cause| ConfigError::Unreadable { path: p.to_path_buf(), cause })?;
+                (Figment::from(Toml::file_exact(p)), format!(" {}", p.display()))
+            }
+            None => (Figment::from(Toml::string(EMBEDDED_DEFAULTS)), " (embedded defaults)".to_string()),
+        };
+        let figment = figment.merge(env_overrides());
+        let config: Config =
+            figment.extract().map_err(|e| ConfigError::Parse { origin: origin.clone(), problem: problem_of(&e) })?;
+        let problems = config.problems();
+        if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid { origin, problems }) }
+    }
+
+    /// Semantic checks serde cannot express. Empty when the config is valid.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        out.extend(self.cluster.problems());
+        out.extend(self.checkpoint.problems());
+        out.extend(self.sink.problems());
+        out.extend(self.delivery.problems(self.sink.is_broker()));
+        out.extend(self.telemetry.problems());
+        if self.resources.is_empty() {
+            out.push(Problem::new(
+                "resources",
+                "no [[resources]] entry: nothing would be watched",
+                "add at least one [[resources]] table with api_version and kind",
+            ));
+        }
+        for (i, r) in self.resources.iter().enumerate() {
+            out.extend(r.problems(self.sink.kind).into_iter().map(|p| p.within(&format!("resources[{i}]"))));
+        }
+        out
+    }
+
+    /// One-line summary for `check-config`.
+    pub fn summary(&self) -> String {
+        let resources: Vec<String> = self
+            .resources
+            .iter()
+            .map(|r| {
+                let scope = if r.namespaces.is_empty() {
+                    "all namespaces".to_string()
+                } else {
+                    format!("namespaces {}", r.namespaces.join(","))
+                };
+                format!("{} ({scope})", r.describe())
+            })
+            .collect();
+        let sink = match (&self.sink.kind, &self.sink.path, &self.sink.kafka, &self.sink.nats) {
+            (SinkType::File, Some(p), _, _) => format!("file {}", p.display()),
+            (SinkType::Kafka, _, Some(k), _) => format!("kafka {} topic {}", k.brokers, k.topic),
+            (SinkType::Nats, _, _, Some(n)) => format!(
+                "nats {} subject {} ({})",
+                n.url,
+                n.subject,
+                if n.jetstream { "JetStream" } else { "core NATS, at-most-once" }
+            ),
+            (k, _, _, _) => k.to_string(),
+        };
+        format!(
+            "config OK: cluster {:?}, sink {sink}, {} resource(s): {}",
+            self.cluster.name,
+            self.resources.len(),
+            resources.join("; ")
+        )
+    }
+}
+
+fn env_overrides() -> Env {
+    // Only variables with a `__` are config keys: every key lives in a section, and this keeps
+    // the CLI's own variables (KUBECAST_CONFIG, KUBECAST_LOG_FORMAT, ...) out of the config.
+    Env::prefixed(ENV_PREFIX).filter(|k| k.as_str().contains("__")).split("__")
+}
+
+fn problem_of(e: &figment::Error) -> Problem {
+    use figment::error::Kind;
+    let key = if e.path.is_empty() { "(file)".to_string() } else { dotted_key(&e.path) };
+    let (message, fix) = match &e.kind {
+        Kind::UnknownField(field, expected) => (
+            format!("unknown key `{field}`"),
+            if expected.is_empty() {
+                "remove it".to_string()
+            } else {
+                format!("remove it, or use one of: {}", expected.join(", "))
+            },
+        ),
+        Kind::UnknownVariant(v, expected) => {
+            (format!("unknown value {v:?}"), format!("use one of: {}", expected.join(", ")))
+        }
+        Kind::MissingField(f) => (format!("required key `{f}` is missing"), format!("add `{f} = ...`")),
+        Kind::InvalidType(actual, expected) => {
+            (format!("wrong type: found {actual}, expected {expected}"), format!("write {expected}"))
+        }
+        Kind::InvalidValue(actual, expected) => {
+            (format!("invalid value: found {actual}, expected {expected}"), format!("write {expected}"))
+        }
+        Kind::DuplicateField(f) => (format!("key `{f}` is given twice"), "keep one of them".into()),
+        Kind::Message(m) => (m.clone(), "correct the TOML syntax at the position shown".into()),
+        other => (other.to_string(), "correct the value".into()),
+    };
+    let mut message = message;
+    if e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
+        let var = format!("{ENV_PREFIX}{}", e.path.join("__").to_uppercase());
+        message.push_str(&format!(" (set by the environment variable {var})"));
+    }
+    Problem { key, message, fix }
+}
+
+/// `["resources", "0", "kind"]` -> `resources[0].kind`.
+fn dotted_key(path: &[String]) -> String {
+    let mut key = String::new();
+    for seg in path.iter().flat_map(|s| s.split('.')) {
+        if seg.parse::<usize>().is_ok() {
+            key.push_str(&format!("[{seg}]"));
+        } else {
+            if !key.is_empty() {
+                key.push('.');
+            }
+            key.push_str(seg);
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_defaults_are_valid() {
+        let cfg = Config::load(None).expect("embedded defaults must be valid");
+        assert_eq!(cfg.sink.kind, SinkType::Stdout);
+        assert!(!cfg.resources.is_empty());
+    }
+}

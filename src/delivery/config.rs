@@ -1,0 +1,128 @@
+//! `[delivery]` and `[delivery.dead_letter]`.
+
+use std::path::PathBuf;
+
+use crate::model::Problem;
+use serde::{Deserialize, Serialize};
+
+/// `[delivery]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// Events held in the queue (waiting or in flight). When full, kubecast stops reading the
+    /// watches (backpressure) instead of buffering more.
+    #[serde(default = "d_queue_capacity")]
+    pub queue_capacity: usize,
+    /// Events sent and not yet acknowledged at once (never two of the same object).
+    #[serde(default = "d_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Events per second to the sink, all resources together; 0 = unlimited.
+    #[serde(default)]
+    pub rate_per_second: u32,
+    /// Events that may go at once above the rate; 0 = same as rate_per_second.
+    #[serde(default)]
+    pub burst: u32,
+    /// Attempts per event before it goes to the dead letter; 0 = retry forever.
+    #[serde(default)]
+    pub max_attempts: u32,
+    /// Backoff between attempts: jittered exponential from this ...
+    #[serde(default = "d_backoff_min_ms")]
+    pub backoff_min_ms: u64,
+    /// ... up to this.
+    #[serde(default = "d_backoff_max_ms")]
+    pub backoff_max_ms: u64,
+    /// At shutdown, how long to keep delivering what is queued.
+    #[serde(default = "d_shutdown_timeout")]
+    pub shutdown_timeout_seconds: u64,
+    #[serde(default)]
+    pub dead_letter: DeadLetterConfig,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        Self {
+            queue_capacity: d_queue_capacity(),
+            max_in_flight: d_max_in_flight(),
+            rate_per_second: 0,
+            burst: 0,
+            max_attempts: 0,
+            backoff_min_ms: d_backoff_min_ms(),
+            backoff_max_ms: d_backoff_max_ms(),
+            shutdown_timeout_seconds: d_shutdown_timeout(),
+            dead_letter: DeadLetterConfig::default(),
+        }
+    }
+}
+
+fn d_queue_capacity() -> usize {
+    10_000
+}
+fn d_max_in_flight() -> usize {
+    1000
+}
+fn d_backoff_min_ms() -> u64 {
+    100
+}
+fn d_backoff_max_ms() -> u64 {
+    30_000
+}
+fn d_shutdown_timeout() -> u64 {
+    30
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeadLetterType {
+    /// JSON lines (reason + the whole event) appended to `path`.
+    #[default]
+    File,
+    /// A topic (Kafka) or subject (NATS) on the sink's own broker (`destination`), with the
+    /// reason in headers.
+    Broker,
+    /// No dead letter: a permanent failure stops kubecast (nothing is skipped).
+    Stop,
+}
+
+/// `[delivery.dead_letter]`
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetterConfig {
+    #[serde(rename = "type", default)]
+    pub kind: DeadLetterType,
+    /// For `type = "file"`; default: `dead-letter.jsonl` in the checkpoint directory.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// For `type = "broker"`: the Kafka topic or NATS subject.
+    #[serde(default)]
+    pub destination: Option<String>,
+}
+
+impl DeliveryConfig {
+    pub fn problems(&self, sink_is_broker: bool) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let mut p = |k: &str, m: String, f: &str| out.push(Problem::new(format!("delivery.{k}"), m, f));
+        if self.queue_capacity == 0 {
+            p("queue_capacity", "must be at least 1".into(), "e.g. 10000");
+        }
+        if self.max_in_flight == 0 {
+            p("max_in_flight", "must be at least 1".into(), "e.g. 1000");
+        }
+        if self.backoff_min_ms == 0 || self.backoff_min_ms > self.backoff_max_ms {
+            p("backoff_min_ms", "must be at least 1 and at most backoff_max_ms".into(), "e.g. 100 and 30000");
+        }
+        match self.dead_letter.kind {
+            DeadLetterType::Broker if !sink_is_broker => p(
+                "dead_letter.type",
+                "\"broker\" needs a broker sink (kafka or nats)".into(),
+                "use type = \"file\" or \"stop\"",
+            ),
+            DeadLetterType::Broker if self.dead_letter.destination.as_deref().is_none_or(str::is_empty) => p(
+                "dead_letter.destination",
+                "is required for type = \"broker\"".into(),
+                "set destination = \"kubecast.dead-letter\"",
+            ),
+            _ => {}
+        }
+        out
+    }
+}

@@ -1,0 +1,22 @@
+//! The data that flows through kubecast, and the contracts it keeps: what a change is, how it
+//! becomes a CloudEvent, a stream's position and the effect of each item on it, and the
+//! `Problem` every component reports its settings' faults with.
+//!
+//! Invariant: this folder imports nothing of the crate outside it; every stage may import it.
+
+pub mod attributes;
+pub mod event;
+pub mod fields;
+pub mod json_check;
+pub mod object;
+pub mod position;
+pub mod problem;
+pub mod verb;
+
+pub use attributes::{AttributeValue, Attributes, ExtensionValue};
+pub use event::{Change, CloudEvent, EventError, EventSource};
+pub use fields::{Fields, TypeFields};
+pub use object::RawObject;
+pub use position::{Effect, Index, IndexEntry, IndexOp, Position};
+pub use problem::Problem;
+pub use verb::{Origin, Verb};

@@ -1,0 +1,65 @@
+//! Shared health state: written by the streams and the sink, read by `/readyz`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+/// Where a stream is, as readiness sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum StreamPhase {
+    Starting = 0,
+    WaitingForKind = 1,
+    Synced = 2,
+}
+
+/// Shared health state, written by the streams and the sink, read by `/readyz`.
+#[derive(Debug)]
+pub struct Health {
+    streams: Vec<(String, AtomicU8)>,
+    sink_connected: Arc<AtomicBool>,
+    shutting_down: AtomicBool,
+}
+
+impl Health {
+    pub fn new(stream_names: Vec<String>, sink_connected: Arc<AtomicBool>) -> Arc<Self> {
+        Arc::new(Self {
+            streams: stream_names.into_iter().map(|n| (n, AtomicU8::new(StreamPhase::Starting as u8))).collect(),
+            sink_connected,
+            shutting_down: AtomicBool::new(false),
+        })
+    }
+
+    pub fn set_phase(&self, stream: usize, phase: StreamPhase) {
+        self.streams[stream].1.store(phase as u8, Ordering::Relaxed);
+    }
+
+    /// Whether the sink's destination is reachable (stdout and file: always).
+    pub fn sink_connected(&self) -> bool {
+        self.sink_connected.load(Ordering::Relaxed)
+    }
+
+    pub fn set_shutting_down(&self) {
+        self.shutting_down.store(true, Ordering::Relaxed);
+    }
+
+    /// Empty when ready; otherwise why not, one reason per line.
+    pub fn not_ready(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.shutting_down.load(Ordering::Relaxed) {
+            out.push("shutting down".to_string());
+        }
+        for (name, phase) in &self.streams {
+            match phase.load(Ordering::Relaxed) {
+                p if p == StreamPhase::WaitingForKind as u8 => {
+                    out.push(format!("stream {name}: waiting for its kind to be served"))
+                }
+                p if p == StreamPhase::Starting as u8 => out.push(format!("stream {name}: initial sync not done")),
+                _ => {}
+            }
+        }
+        if !self.sink_connected.load(Ordering::Relaxed) {
+            out.push("sink: broker not reachable".to_string());
+        }
+        out
+    }
+}

@@ -1,0 +1,9 @@
+//! What kubecast tells about itself: Prometheus metrics, OpenTelemetry traces per event,
+//! health (stream phases, sink reachability) and the admin server that serves them.
+//!
+//! Invariant: every stage may report here; this folder imports only `model`.
+
+pub mod admin;
+pub mod health;
+pub mod metrics;
+pub mod trace;

@@ -1,0 +1,85 @@
+//! `[sink.kafka]`: settings and their checks.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Problem;
+use crate::sink::secret;
+use crate::sink::template::Template;
+
+pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
+
+/// Properties kubecast sets itself: the delivery guarantees depend on them.
+pub(super) const REQUIRED: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Binary,
+    Structured,
+}
+
+/// `[sink.kafka]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`, e.g. `"kafka-0:9092,kafka-1:9092"`.
+    pub brokers: String,
+    /// Topic template; see `template.rs` for the fields.
+    #[serde(default = "default_topic")]
+    pub topic: String,
+    #[serde(default)]
+    pub mode: Mode,
+    /// Also write a null-value record (a tombstone for compacted topics) after each `deleted`.
+    #[serde(default)]
+    pub tombstones: bool,
+    /// Passed to librdkafka as they are (TLS, SASL, compression, linger...). A value
+    /// `${env:NAME}` or `${file:/path}` is read from that variable or file (secrets).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+fn default_topic() -> String {
+    DEFAULT_TOPIC.to_string()
+}
+
+impl KafkaConfig {
+    /// Problems with `[sink.kafka]`.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        if self.brokers.trim().is_empty() {
+            out.push(Problem::new("sink.kafka.brokers", "is empty", "set the bootstrap servers, e.g. \"kafka:9092\""));
+        }
+        if let Err(e) = Template::parse(&self.topic) {
+            out.push(Problem::new("sink.kafka.topic", e, format!("e.g. {DEFAULT_TOPIC:?}")));
+        }
+        for (k, v) in &self.properties {
+            if k == "bootstrap.servers" {
+                out.push(Problem::new(
+                    format!("sink.kafka.properties.\"{k}\""),
+                    "duplicates sink.kafka.brokers",
+                    "set sink.kafka.brokers instead",
+                ));
+            }
+            if let Some((_, want)) = REQUIRED.iter().find(|(rk, _)| rk == k) {
+                if v != want {
+                    out.push(Problem::new(
+                        format!("sink.kafka.properties.\"{k}\""),
+                        format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
+                        "remove it",
+                    ));
+                }
+            }
+            if let Err(e) = secret::resolve(v) {
+                out.push(Problem::new(
+                    format!("sink.kafka.properties.\"{k}\""),
+                    e,
+                    "set that variable or create that file",
+                ));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,17 @@
+//! `type = "kafka"`: an idempotent rdkafka producer (`enable.idempotence = true`,
+//! `acks = all`). An event is accepted when its delivery report says the broker stored it;
+//! never fire-and-forget.
+//!
+//! CloudEvents Kafka protocol binding: binary mode by default (value = `data`, header
+//! `content-type` = `datacontenttype`, every other attribute and extension as a `ce_<name>`
+//! header), structured mode as an option (value = the JSON event, `content-type:
+//! application/cloudevents+json; charset=UTF-8`). The record key is `partitionkey` (the uid),
+//! so the events of one object stay in one partition, in order.
+
+mod client;
+mod config;
+mod encode;
+
+pub use client::{KafkaContext, KafkaSink};
+pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode};
+pub use encode::{clean_topic_part, encode};

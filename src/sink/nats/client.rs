@@ -1,0 +1,312 @@
+//! The NATS connection and publishing: JetStream with PubAcks (or core NATS), stream checks
+//! at start, and which failures are retriable.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, context::PublishErrorKind, message::PublishMessage};
+use async_nats::{Client, ConnectOptions, HeaderMap};
+use bytes::Bytes;
+use tracing::{debug, error, info, warn};
+
+use super::config::{Mode, NatsConfig, Storage, StreamSettings, clean_subject_token, subject_template};
+use super::encode::encode;
+use crate::model::Fields;
+use crate::sink::outbound::{Outbound, SendError, SinkError};
+use crate::sink::secret;
+use crate::sink::template::Template;
+
+pub struct NatsSink {
+    client: Client,
+    js: Option<jetstream::Context>,
+    subject: Template,
+    mode: Mode,
+    ack_timeout: Duration,
+    create_stream: bool,
+    stream: StreamSettings,
+    stream_subjects: Vec<String>,
+    connected: Arc<AtomicBool>,
+}
+
+impl NatsSink {
+    /// Connects (retrying in the background forever when the server is not reachable yet) and
+    /// waits up to `wait` for the first connection.
+    pub async fn open(cfg: &NatsConfig, max_in_flight: usize, wait: Duration) -> Result<Self, SinkError> {
+        let connected = Arc::new(AtomicBool::new(false));
+        let opts = connect_options(cfg, connected.clone()).await?;
+        let client = opts
+            .connect(cfg.url.as_str())
+            .await
+            .map_err(|e| SinkError::Config(format!("sink.nats.url {:?}: {e}", cfg.url)))?;
+        let ack_timeout = Duration::from_millis(cfg.ack_timeout_ms);
+        let js = cfg.jetstream.then(|| {
+            jetstream::ContextBuilder::new()
+                .timeout(ack_timeout)
+                .max_ack_inflight(max_in_flight.max(1))
+                .backpressure_on_inflight(true)
+                .build(client.clone())
+        });
+        let sink = Self {
+            client,
+            js,
+            subject: subject_template(&cfg.subject)
+                .map_err(|e| SinkError::Config(format!("sink.nats.subject: {e}")))?,
+            mode: cfg.mode,
+            ack_timeout,
+            create_stream: cfg.create_stream,
+            stream: cfg.stream.clone(),
+            stream_subjects: cfg.stream_subjects(),
+            connected,
+        };
+        let deadline = tokio::time::Instant::now() + wait;
+        while !sink.is_connected() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        info!(url = %cfg.url, subject = %cfg.subject, jetstream = cfg.jetstream, mode = ?cfg.mode, connected = sink.is_connected(), "NATS client created");
+        Ok(sink)
+    }
+
+    pub fn is_connected(&self) -> bool {
+        let up = self.client.connection_state() == async_nats::connection::State::Connected;
+        self.connected.store(up, Ordering::Relaxed);
+        up
+    }
+
+    /// Whether the server is reachable (kept by the connection's events).
+    pub fn connected(&self) -> Arc<AtomicBool> {
+        self.connected.clone()
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn jetstream(&self) -> bool {
+        self.js.is_some()
+    }
+
+    pub fn destination(&self, msg: &Outbound) -> String {
+        msg.route.as_deref().unwrap_or(&self.subject).render(&msg.fields, clean_subject_token)
+    }
+
+    /// The subject `fields` go to with `route` (or the sink's template).
+    pub fn subject_for(&self, route: Option<&Template>, fields: &Fields) -> String {
+        route.unwrap_or(&self.subject).render(fields, clean_subject_token)
+    }
+
+    /// Checks that a JetStream stream covers each subject; creates the configured stream when
+    /// `create_stream = true` and one does not. `Err` names the subject and the fix.
+    pub async fn ensure_streams(&self, subjects: &[String]) -> Result<(), SinkError> {
+        let Some(js) = &self.js else { return Ok(()) };
+        for subject in subjects {
+            match js.stream_by_subject(subject.as_str()).await {
+                Ok(name) => debug!(subject, stream = %name, "JetStream stream covers subject"),
+                Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => {
+                    if !self.create_stream {
+                        return Err(SinkError::Config(format!(
+                            "no JetStream stream covers subject {subject:?} (fix: create one, e.g. `nats stream add KUBECAST --subjects '{}' --dupe-window 10m`, or set sink.nats.create_stream = true)",
+                            self.stream_subjects.first().map_or("kubecast.>", String::as_str)
+                        )));
+                    }
+                    self.create_stream(js).await?;
+                    js.stream_by_subject(subject.as_str()).await.map_err(|_| {
+                        SinkError::Config(format!(
+                            "stream {:?} was created with subjects {:?}, but they do not cover subject {subject:?} (fix: set sink.nats.stream.subjects)",
+                            self.stream.name, self.stream_subjects
+                        ))
+                    })?;
+                }
+                Err(e) => {
+                    return Err(SinkError::Config(format!("JetStream: cannot look up the stream of {subject:?}: {e}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn create_stream(&self, js: &jetstream::Context) -> Result<(), SinkError> {
+        let s = &self.stream;
+        let config = jetstream::stream::Config {
+            name: s.name.clone(),
+            subjects: self.stream_subjects.clone(),
+            duplicate_window: Duration::from_secs(s.duplicate_window_seconds),
+            max_age: Duration::from_secs(s.max_age_seconds),
+            max_bytes: s.max_bytes,
+            storage: match s.storage {
+                Storage::File => jetstream::stream::StorageType::File,
+                Storage::Memory => jetstream::stream::StorageType::Memory,
+            },
+            num_replicas: s.replicas,
+            ..Default::default()
+        };
+        js.get_or_create_stream(config).await.map_err(|e| {
+            SinkError::Config(format!(
+                "cannot create JetStream stream {:?} with subjects {:?}: {e} (fix: check sink.nats.stream, or create the stream yourself)",
+                s.name, self.stream_subjects
+            ))
+        })?;
+        info!(stream = %s.name, subjects = ?self.stream_subjects, duplicate_window_seconds = s.duplicate_window_seconds, "JetStream stream created");
+        Ok(())
+    }
+
+    pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
+        let subject = self.destination(msg);
+        let (payload, headers) = encode(&msg.event, self.mode);
+        self.publish(subject, headers, payload, msg.event.id()).await
+    }
+
+    /// Publishes with the given headers (the dead-letter destination). `id` is the
+    /// `Nats-Msg-Id`.
+    pub async fn publish(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+        id: &str,
+    ) -> Result<(), SendError> {
+        // Both steps that hand the message to the client are boxed: inline, their state (~900
+        // bytes when this was written) would be part of every in-flight event's future, which
+        // then waits for its PubAck holding only the acknowledgement's (boxed) future.
+        let Some(js) = &self.js else {
+            return Box::pin(self.publish_core(subject, headers, payload)).await;
+        };
+        let message = PublishMessage::build().payload(payload).headers(headers).message_id(id);
+        // Shared with the request (a reference count), kept for the error messages.
+        let subject = async_nats::Subject::from(subject);
+        let ack = Box::pin(js.send_publish(subject.clone(), message)).await.map_err(|e| classify(&subject, e))?;
+        let ack = ack.await.map_err(|e| classify(&subject, e))?;
+        if ack.duplicate {
+            debug!(event_id = id, subject = subject.as_str(), stream = %ack.stream, "JetStream dropped a duplicate (sent before); counted as acknowledged");
+        }
+        Ok(())
+    }
+
+    /// Core NATS (at-most-once): publish, then flush so the message left the client.
+    async fn publish_core(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<(), SendError> {
+        self.client
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+            .map_err(|e| SendError::Retriable(format!("NATS publish to {subject:?}: {e}")))?;
+        match tokio::time::timeout(self.ack_timeout, self.client.flush()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(SendError::Retriable(format!("NATS flush: {e}"))),
+            Err(_) => Err(SendError::Retriable(format!("NATS flush: not done within {:?}", self.ack_timeout))),
+        }
+    }
+}
+
+async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result<ConnectOptions, SinkError> {
+    let secret =
+        |key: &str, v: &str| secret::resolve(v).map_err(|e| SinkError::Config(format!("sink.nats.{key}: {e}")));
+    let mut opts = match &cfg.credentials_file {
+        Some(path) => ConnectOptions::with_credentials_file(path).await.map_err(|e| {
+            SinkError::Config(format!(
+                "sink.nats.credentials_file {}: {e} (fix: a .creds file from nsc)",
+                path.display()
+            ))
+        })?,
+        None => ConnectOptions::new(),
+    };
+    if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
+        opts = opts.user_and_password(user.clone(), secret("password", password)?);
+    }
+    if let Some(token) = &cfg.token {
+        opts = opts.token(secret("token", token)?);
+    }
+    if let Some(seed) = &cfg.nkey_seed {
+        let seed = secret("nkey_seed", seed)?;
+        // Checked here: async-nats would only fail on the first connection, with less detail.
+        nkeys::KeyPair::from_seed(seed.trim()).map_err(|_| {
+            SinkError::Config("sink.nats.nkey_seed: not a valid nkey seed (fix: an `SU...` user seed)".into())
+        })?;
+        opts = opts.nkey(seed.trim().to_string());
+    }
+    if cfg.tls.required {
+        opts = opts.require_tls(true);
+    }
+    if cfg.tls.handshake_first {
+        opts = opts.tls_first();
+    }
+    if let Some(ca) = &cfg.tls.ca_file {
+        opts = opts.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&cfg.tls.cert_file, &cfg.tls.key_file) {
+        opts = opts.add_client_certificate(cert.clone(), key.clone());
+    }
+    Ok(opts
+        .name(&cfg.name)
+        .retry_on_initial_connect()
+        .max_reconnects(None)
+        .connection_timeout(Duration::from_secs(5))
+        .reconnect_delay_callback(|attempts| {
+            // 0, 100 ms, 200 ms, ... up to 5 s, jittered, forever.
+            let base = Duration::from_millis(100u64.saturating_mul(1 << attempts.min(6) as u64)).min(Duration::from_secs(5));
+            if attempts == 0 { Duration::ZERO } else { base.mul_f64(0.5 + rand_fraction() * 0.5) }
+        })
+        .event_callback(move |event| {
+            let connected = connected.clone();
+            async move {
+                match &event {
+                    async_nats::Event::Connected => {
+                        connected.store(true, Ordering::Relaxed);
+                        info!(target: "kubecast::nats", "connected to NATS");
+                    }
+                    async_nats::Event::Disconnected => {
+                        connected.store(false, Ordering::Relaxed);
+                        warn!(target: "kubecast::nats", "disconnected from NATS; reconnecting");
+                    }
+                    async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
+                        connected.store(false, Ordering::Relaxed);
+                        error!(target: "kubecast::nats", "NATS refused the credentials: authorization violation (fix: check sink.nats user/password, token, nkey_seed or credentials_file, and the user's permissions)");
+                    }
+                    async_nats::Event::ServerError(e) => error!(target: "kubecast::nats", "NATS server error: {e}"),
+                    // Connection attempts report their failures as client errors.
+                    async_nats::Event::ClientError(e) if is_auth_failure(&e.to_string()) => {
+                        connected.store(false, Ordering::Relaxed);
+                        error!(target: "kubecast::nats", "NATS refused the credentials: {e} (fix: check sink.nats user/password, token, nkey_seed or credentials_file)");
+                    }
+                    async_nats::Event::ClientError(e) => error!(target: "kubecast::nats", "NATS client error: {e}"),
+                    other => info!(target: "kubecast::nats", "NATS: {other}"),
+                }
+            }
+        }))
+}
+
+fn is_auth_failure(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("authorization") || m.contains("authentication")
+}
+
+/// A cheap jitter source (no crypto needed).
+fn rand_fraction() -> f64 {
+    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    f64::from(n % 1000) / 1000.0
+}
+
+fn classify(subject: &str, e: jetstream::context::PublishError) -> SendError {
+    use jetstream::ErrorCode;
+    match e.kind() {
+        PublishErrorKind::MaxPayloadExceeded => SendError::Permanent(format!("NATS publish to {subject:?}: {e}")),
+        // Retried: it can also mean JetStream is briefly unavailable (server restarting).
+        PublishErrorKind::StreamNotFound => SendError::Retriable(format!(
+            "no JetStream stream covers subject {subject:?} (fix: add it to a stream's subjects, or route this resource elsewhere with `subject`)"
+        )),
+        PublishErrorKind::Other => {
+            let source = std::error::Error::source(&e);
+            let code = source.and_then(|s| s.downcast_ref::<jetstream::Error>()).map(|j| j.error_code());
+            if code == Some(ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) {
+                SendError::Permanent(format!(
+                    "NATS publish to {subject:?}: {e}: {}",
+                    source.map(|s| s.to_string()).unwrap_or_default()
+                ))
+            } else {
+                SendError::Retriable(format!(
+                    "NATS publish to {subject:?}: {e}{}",
+                    source.map(|s| format!(": {s}")).unwrap_or_default()
+                ))
+            }
+        }
+        _ => SendError::Retriable(format!("NATS publish to {subject:?}: {e}")),
+    }
+}

@@ -1,0 +1,71 @@
+//! What every sink shares: the event on its way out (`Outbound`), why a send failed
+//! (`SendError`), and why a sink could not be opened (`SinkError`).
+
+use std::sync::Arc;
+
+use super::template::Template;
+use crate::model::{CloudEvent, Fields};
+
+/// Errors opening or closing a sink (fatal at start).
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    #[error(
+        "cannot open sink file {path}: {cause} (fix: check sink.path and that its directory exists and is writable)"
+    )]
+    Open { path: std::path::PathBuf, cause: std::io::Error },
+    #[error("sink: {0}")]
+    Config(String),
+    #[error("flush failed: {0}")]
+    Flush(String),
+}
+
+/// Why one send failed; decides between retry, dead letter and stop.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SendError {
+    /// May succeed later (broker down, timeout, queue full): retried with backoff.
+    #[error("{0}")]
+    Retriable(String),
+    /// Will never succeed for this event (too large, not authorized, cannot be encoded): sent
+    /// to the dead-letter destination.
+    #[error("{0}")]
+    Permanent(String),
+    /// The sink cannot go on (e.g. a fatal idempotent-producer error): kubecast stops; the
+    /// checkpoint stays at the last acknowledged event.
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// One event on its way out.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    pub event: CloudEvent,
+    /// Values for destination templates.
+    pub fields: Fields,
+    /// The resource's own destination template, overriding the sink's.
+    pub route: Option<Arc<Template>>,
+    /// The event's trace, when traces are on.
+    pub trace: Option<crate::observe::trace::EventTrace>,
+}
+
+impl Outbound {
+    /// The ordering key (and Kafka record key): `partitionkey`, the object's uid.
+    pub fn key(&self) -> &str {
+        self.event.attributes.partition_key()
+    }
+}
+
+/// Structured-mode CloudEvent JSON followed by a newline (one event per line).
+pub fn structured_line(event: &CloudEvent) -> Result<Vec<u8>, SendError> {
+    let mut line = event.to_structured();
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// I/O errors of the stdout and file sinks: a closed pipe cannot recover, the rest may.
+pub(super) fn io_send_error(target: &str, e: std::io::Error) -> SendError {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        SendError::Fatal(format!("{target}: {e}"))
+    } else {
+        SendError::Retriable(format!("{target}: {e}"))
+    }
+}
