@@ -62,6 +62,33 @@ fn the_embedded_defaults_are_valid() {
 }
 
 #[test]
+fn two_entries_watching_one_stream_are_refused_naming_both() {
+    let twice = format!("{GOOD}\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n");
+    let (ok, _, err) = check(&twice, &[]);
+    assert!(!ok, "accepted: {err}");
+    assert!(err.contains("`resources[1]`") && err.contains("same stream as resources[0]"), "{err}");
+    assert!(err.contains("emitted twice") && err.contains("fix: merge resources[1] into resources[0]"), "{err}");
+    // One namespace in common is one stream in common.
+    let overlap = r#"
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+namespaces = ["a", "b"]
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+namespaces = ["c", "b"]
+"#;
+    let (ok, _, err) = check(overlap, &[]);
+    assert!(!ok && err.contains("v1 ConfigMap in namespace b"), "{err}");
+    // Other selectors: other streams, both allowed.
+    let other =
+        format!("{GOOD}\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nlabel_selector = \"app=x\"\n");
+    let (ok, _, err) = check(&other, &[]);
+    assert!(ok, "{err}");
+}
+
+#[test]
 fn a_missing_config_file_is_an_error_not_an_empty_config() {
     let out = Command::new(env!("CARGO_BIN_EXE_kubecast"))
         .args(["check-config", "--config", "/nonexistent/kubecast.toml"])

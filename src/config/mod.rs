@@ -95,6 +95,44 @@ impl Config {
         for (i, r) in self.resources.iter().enumerate() {
             out.extend(r.problems(self.sink.kind).into_iter().map(|p| p.within(&format!("resources[{i}]"))));
         }
+        out.extend(self.same_streams());
+        out
+    }
+
+    /// Two `[[resources]]` entries that watch one stream (same kind, namespace and selectors)
+    /// would emit every change twice and write one checkpoint from two places.
+    fn same_streams(&self) -> Vec<Problem> {
+        let mut first: std::collections::HashMap<(String, String, Option<&str>, &str, &str), usize> =
+            std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for (i, r) in self.resources.iter().enumerate() {
+            let scopes: Vec<Option<&str>> = if r.namespaces.is_empty() {
+                vec![None]
+            } else {
+                r.namespaces.iter().map(|n| Some(n.as_str())).collect()
+            };
+            for ns in scopes {
+                let key =
+                    (r.api_version.clone(), r.kind.clone(), ns, r.label_selector.as_str(), r.field_selector.as_str());
+                match first.get(&key) {
+                    Some(&j) if j != i => {
+                        let scope = ns.map_or("all namespaces".to_string(), |n| format!("namespace {n}"));
+                        out.push(Problem::new(
+                            format!("resources[{i}]"),
+                            format!(
+                                "watches the same stream as resources[{j}] ({} in {scope}, same selectors): every change would be emitted twice and both would write one checkpoint",
+                                r.describe()
+                            ),
+                            format!("merge resources[{i}] into resources[{j}], or remove one of them"),
+                        ));
+                        break;
+                    }
+                    _ => {
+                        first.insert(key, i);
+                    }
+                }
+            }
+        }
         out
     }
 

@@ -114,7 +114,7 @@ pub type ApiLimiter = Arc<DefaultDirectRateLimiter>;
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "cannot build a Kubernetes client: {0} (fix: set cluster.kubeconfig or KUBECONFIG, or run in a pod with a service account)"
+    "cannot build a Kubernetes client: {0} (fix: correct the kubeconfig named, or point cluster.kubeconfig / KUBECONFIG at a valid one, or run in a pod with a service account)"
 )]
 pub struct ClientError(String);
 
@@ -127,9 +127,34 @@ pub async fn client(cfg: &ClusterConfig) -> Result<Client, ClientError> {
                 .await
                 .map_err(|e| ClientError(format!("cluster.kubeconfig {}: {e}", path.display())))?
         }
-        None => kube::Config::infer().await.map_err(|e| ClientError(e.to_string()))?,
+        None => match std::env::var_os("KUBECONFIG").filter(|v| !v.is_empty()) {
+            Some(paths) => from_kubeconfig_env(&paths).await?,
+            None => kube::Config::infer().await.map_err(|e| ClientError(e.to_string()))?,
+        },
     };
     Client::try_from(kcfg).map_err(|e| ClientError(e.to_string()))
+}
+
+/// The kubeconfig files named by `KUBECONFIG` (merged in order, as kubectl does; files that
+/// do not exist are skipped), each error naming the file (kube's own inference does not).
+async fn from_kubeconfig_env(paths: &std::ffi::OsStr) -> Result<kube::Config, ClientError> {
+    let shown = paths.to_string_lossy();
+    let mut merged: Option<kube::config::Kubeconfig> = None;
+    for path in std::env::split_paths(paths) {
+        if !path.exists() {
+            continue;
+        }
+        let kc = kube::config::Kubeconfig::read_from(&path)
+            .map_err(|e| ClientError(format!("KUBECONFIG file {}: {e}", path.display())))?;
+        merged = Some(match merged {
+            None => kc,
+            Some(m) => m.merge(kc).map_err(|e| ClientError(format!("KUBECONFIG file {}: {e}", path.display())))?,
+        });
+    }
+    let kc = merged.ok_or_else(|| ClientError(format!("KUBECONFIG={shown}: no such file")))?;
+    kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .map_err(|e| ClientError(format!("KUBECONFIG={shown}: {e}")))
 }
 
 /// `qps` requests per second on average, `burst` at once.

@@ -81,18 +81,50 @@ pub enum CheckpointError {
     OtherStream { path: PathBuf, found: String },
     #[error("checkpoint {path} cannot be written: {cause}")]
     Write { path: PathBuf, cause: std::io::Error },
+    #[error(
+        "checkpoint directory {dir} is in use by another kubecast process ({holder}); two processes on one directory would publish every change twice and overwrite each other's checkpoints (fix: stop the other process, or give this one its own [checkpoint] dir)"
+    )]
+    Locked { dir: PathBuf, holder: String },
 }
 
-/// The directory of checkpoint files.
+/// Name of the lock file in the checkpoint directory.
+pub const LOCK_FILE: &str = ".kubecast.lock";
+
+/// The directory of checkpoint files, locked for this process while the store (or a clone of
+/// it) lives.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
     dir: PathBuf,
+    /// Holds an exclusive `flock` on [`LOCK_FILE`]: a second process on the same directory
+    /// fails at start instead of writing the same checkpoints.
+    _lock: std::sync::Arc<fs::File>,
 }
 
 impl CheckpointStore {
+    /// Creates the directory if needed and locks it; fails naming the holder when another
+    /// process has it.
     pub fn open(dir: &Path) -> Result<Self, CheckpointError> {
-        fs::create_dir_all(dir).map_err(|cause| CheckpointError::Dir { dir: dir.to_path_buf(), cause })?;
-        Ok(Self { dir: dir.to_path_buf() })
+        let derr = |cause| CheckpointError::Dir { dir: dir.to_path_buf(), cause };
+        fs::create_dir_all(dir).map_err(derr)?;
+        let path = dir.join(LOCK_FILE);
+        let mut lock =
+            fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(derr)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                let holder =
+                    if holder.trim().is_empty() { "holder unknown".to_string() } else { holder.trim().to_string() };
+                return Err(CheckpointError::Locked { dir: dir.to_path_buf(), holder });
+            }
+            Err(fs::TryLockError::Error(cause)) => return Err(derr(cause)),
+        }
+        // Who holds it, for the other process's message.
+        let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let me =
+            format!("pid {} on host {}, since {}", std::process::id(), host.trim(), chrono::Utc::now().to_rfc3339());
+        lock.set_len(0).and_then(|()| lock.write_all(me.as_bytes())).and_then(|()| lock.flush()).map_err(derr)?;
+        Ok(Self { dir: dir.to_path_buf(), _lock: std::sync::Arc::new(lock) })
     }
 
     pub fn path(&self, key: &StreamKey) -> PathBuf {
@@ -205,6 +237,17 @@ mod tests {
         // Another selector is another stream: no checkpoint.
         assert_eq!(store.load(&key(Some("shop"), "app=y")).unwrap(), None);
         assert_ne!(k.file_name(), key(None, "app=x").file_name());
+    }
+
+    #[test]
+    fn a_second_store_on_one_directory_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = CheckpointStore::open(dir.path()).unwrap();
+        let err = CheckpointStore::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("in use by another kubecast process"), "{err}");
+        assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+        drop(first);
+        CheckpointStore::open(dir.path()).expect("free again once the holder is gone");
     }
 
     #[test]
