@@ -299,3 +299,50 @@ async fn a_resumed_stream_is_not_ready_until_its_relist_after_410_is_done() {
     );
     assert!(kc.stop().success());
 }
+
+/// A delete delivered by the watch, then a crash before the checkpoint was written, then the
+/// history compacted: the restart's relist-diff finds the object gone and emits its delete
+/// again, from the last resourceVersion it knew. Consumers that drop duplicates by id must see
+/// one delete: both carry the id `{uid}:deleted`.
+#[tokio::test]
+async fn a_delete_seen_by_the_watch_and_again_by_a_relist_has_one_id() {
+    let kubeconfig = common::compacting_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "delid").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let existing = create_cms(&client, &ns.name, &names("d", 0..2)).await;
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    // No periodic write: only the one at shutdown.
+    let mut kc = Kubecast::start_with_checkpoint(&cm_config(&ns.name, ""), "flush_interval_ms = 3600000", &env);
+    kc.wait_for("snapshot", WAIT, |e| e.len() == 2).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+    let rv = checkpoint_rv(&kc).expect("the final checkpoint");
+    kc.restart(&env);
+    kc.wait_log("resuming from checkpoint", 1).await;
+    // Ready once the resumed watch is confirmed: the delete then comes as a watch event.
+    kc.wait_ready(200).await;
+
+    api.delete("d00", &DeleteParams::default()).await.unwrap();
+    let subject = format!("{}/d00", ns.name);
+    let evs =
+        kc.wait_for("the watched delete", WAIT, |e| about(e, &subject).iter().any(|e| verb(e) == "deleted")).await;
+    let watched = about(&evs, &subject).into_iter().find(|e| verb(e) == "deleted").unwrap().clone();
+    assert_eq!(watched["origin"], "watch");
+    kc.kill9(); // before any checkpoint write: the checkpoint still has d00
+    assert_eq!(checkpoint_rv(&kc).as_deref(), Some(rv.as_str()));
+    wait_until_expired(&api, &rv).await;
+
+    let n_before = kc.events().len();
+    kc.restart(&env);
+    let evs = kc.wait_for("the resync delete", WAIT, |e| e[n_before..].iter().any(|e| verb(e) == "deleted")).await;
+    let resynced = evs[n_before..].iter().find(|e| verb(e) == "deleted").unwrap();
+    assert_eq!(resynced["origin"], "resync", "{}", common::pretty(&evs));
+    let uid = &existing["d00"].0;
+    assert_ne!(
+        resynced["resourceversion"], watched["resourceversion"],
+        "the two paths knew different resourceVersions (the test would prove nothing otherwise)"
+    );
+    assert_eq!(resynced["id"], watched["id"], "one delete, one id");
+    assert_eq!(watched["id"], format!("{uid}:deleted").as_str());
+    assert!(kc.stop().success(), "{}", kc.log());
+}

@@ -210,7 +210,12 @@ async fn binary_mode_headers_key_and_per_object_order() {
         assert_eq!(r.header("ce_source"), format!("k8s://{cluster}/api/v1/configmaps"));
         assert!(r.header("ce_type").starts_with("io.kubecast.core.ConfigMap."));
         let verb = r.header("ce_type").rsplit('.').next().unwrap().to_string();
-        assert_eq!(r.header("ce_id"), format!("{uid}:{}:{verb}", r.header("ce_resourceversion")));
+        let id = if verb == "deleted" {
+            format!("{uid}:deleted")
+        } else {
+            format!("{uid}:{}:{verb}", r.header("ce_resourceversion"))
+        };
+        assert_eq!(r.header("ce_id"), id);
         assert!(r.header("ce_subject").starts_with(&format!("{}/o", ns.name)));
         assert!(chrono::DateTime::parse_from_rfc3339(r.header("ce_time")).is_ok());
         assert_eq!(r.header("ce_origin"), "watch");

@@ -59,7 +59,8 @@ async fn configmap_create_modify_delete_gives_exactly_three_events_with_the_cont
     for (i, e) in evs.iter().enumerate() {
         let v = verbs[i];
         assert_eq!(e["specversion"], "1.0");
-        assert_eq!(e["id"], format!("{uid}:{}:{v}", rvs[i]).as_str(), "id = uid:resourceVersion:verb");
+        let id = if v == "deleted" { format!("{uid}:deleted") } else { format!("{uid}:{}:{v}", rvs[i]) };
+        assert_eq!(e["id"], id.as_str(), "id = uid:resourceVersion:verb, uid:deleted for a delete");
         assert_eq!(e["source"], "k8s://e2e/api/v1/configmaps");
         assert_eq!(e["type"], format!("io.kubecast.core.ConfigMap.{v}").as_str());
         assert_eq!(e["subject"], subject.as_str());

@@ -12,16 +12,19 @@ use super::verb::Origin;
 /// Not the cloudevents-sdk `Event`: that one holds every attribute and extension in a `String`
 /// of its own and the extensions in a `HashMap` with `String` keys, 12 allocations per event
 /// (built by the reflector's thread, freed by the queue's: each free then a cache miss). Here
-/// the id `{uid}:{rv}:{verb}` holds `partitionkey` and `resourceversion` too, `source` and
+/// the id's text holds `partitionkey` and `resourceversion` too, `source` and
 /// `type` are per resource type (interned), `origin` and `datacontenttype` are constants, and
 /// further extensions (shaping, trace context: not on every event) sit in a short list. The
 /// SDK stays the reference: [`Attributes::to_sdk`], and a test checks that the structured JSON
 /// is the SDK's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Attributes {
-    /// `{uid}:{rv}:{verb}`.
-    id: String,
+    /// The id, then (for deletes only) the resourceVersion: `{uid}:{rv}:{verb}`, or
+    /// `{uid}:deleted` followed by `{rv}`.
+    text: String,
+    id_len: usize,
     uid_len: usize,
+    rv_at: usize,
     rv_len: usize,
     source: &'static str,
     ty: &'static str,
@@ -70,7 +73,7 @@ const OWN_EXTENSIONS: [&str; 3] = ["origin", "partitionkey", "resourceversion"];
 
 impl Attributes {
     pub fn id(&self) -> &str {
-        &self.id
+        &self.text[..self.id_len]
     }
 
     pub fn source(&self) -> &str {
@@ -99,12 +102,12 @@ impl Attributes {
 
     /// The object's uid (the `partitionkey` extension).
     pub fn partition_key(&self) -> &str {
-        &self.id[..self.uid_len]
+        &self.text[..self.uid_len]
     }
 
     /// The object's resourceVersion (the `resourceversion` extension).
     pub fn resource_version(&self) -> &str {
-        &self.id[self.uid_len + 1..self.uid_len + 1 + self.rv_len]
+        &self.text[self.rv_at..self.rv_at + self.rv_len]
     }
 
     /// Sets (or replaces) extension `name`; not one of `origin`, `partitionkey`,
@@ -132,7 +135,7 @@ impl Attributes {
     pub fn iter_attributes(&self) -> impl Iterator<Item = (&'static str, AttributeValue<'_>)> {
         [
             ("specversion", AttributeValue::Str("1.0")),
-            ("id", AttributeValue::Str(&self.id)),
+            ("id", AttributeValue::Str(self.id())),
             ("type", AttributeValue::Str(self.ty)),
             ("source", AttributeValue::Str(self.source)),
             ("datacontenttype", AttributeValue::Str(self.datacontenttype)),
@@ -168,7 +171,7 @@ impl Attributes {
     pub fn to_sdk(&self) -> cloudevents::Event {
         use cloudevents::{AttributesWriter, EventBuilder, EventBuilderV10};
         let mut event = EventBuilderV10::new()
-            .id(self.id.clone())
+            .id(self.id().to_string())
             .source(self.source)
             .ty(self.ty)
             .subject(self.subject.clone())
@@ -201,9 +204,22 @@ impl Attributes {
         subject: String,
         origin: Origin,
     ) -> Self {
+        // An object is deleted once: a delete's id does not depend on which resourceVersion
+        // the path that saw it knew (the watch's deletion or a relist's last known one).
+        let (text, id_len, rv_at) = if verb == "deleted" {
+            let text = [uid, ":deleted", rv].concat();
+            let id_len = uid.len() + ":deleted".len();
+            (text, id_len, id_len)
+        } else {
+            let text = [uid, ":", rv, ":", verb].concat();
+            let len = text.len();
+            (text, len, uid.len() + 1)
+        };
         Attributes {
-            id: [uid, ":", rv, ":", verb].concat(),
+            text,
+            id_len,
             uid_len: uid.len(),
+            rv_at,
             rv_len: rv.len(),
             source,
             ty,

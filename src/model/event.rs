@@ -1,7 +1,9 @@
 //! The CloudEvent contract: how one observed change of one object becomes one CloudEvent.
 //!
-//! * `id` = `{uid}:{resourceVersion}:{verb}`: the same change gets the same id, also after
-//!   restarts and relists, so consumers can drop duplicates on `source` + `id`.
+//! * `id` = `{uid}:{resourceVersion}:{verb}` for `added` and `modified`, `{uid}:deleted` for
+//!   `deleted` (an object is deleted once; the watch's deletion and a relist's tombstone know
+//!   different resourceVersions of it): the same change gets the same id, also after restarts
+//!   and relists, so consumers can drop duplicates on `source` + `id`.
 //! * `source` = `k8s://{cluster}/api/v1/{plural}` for the core group,
 //!   `k8s://{cluster}/apis/{group}/{version}/{plural}` otherwise.
 //! * `type` = `io.kubecast.{group}.{Kind}.{verb}`, group `core` for the core group, verb one
@@ -350,7 +352,7 @@ mod tests {
         // A uid or resourceVersion with `:` in it is still read back whole.
         let mut ev = event("u:1", "7:8", Verb::Deleted);
         let a = &mut ev.attributes;
-        assert_eq!((a.id(), a.partition_key(), a.resource_version()), ("u:1:7:8:deleted", "u:1", "7:8"));
+        assert_eq!((a.id(), a.partition_key(), a.resource_version()), ("u:1:deleted", "u:1", "7:8"));
         assert_eq!(a.ty(), "io.kubecast.core.Pod.deleted");
         assert_eq!(a.subject(), "a", "cluster-scoped: the name alone");
         a.set_extension("payload", "metadata");
