@@ -346,3 +346,34 @@ async fn a_delete_seen_by_the_watch_and_again_by_a_relist_has_one_id() {
     assert_eq!(watched["id"], format!("{uid}:deleted").as_str());
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// A resync delete carries only the object's identity: a `filter` reading the object's data
+/// must not drop it (it would be lost for good). Only `events` can exclude deletes.
+#[tokio::test]
+async fn a_resync_delete_is_not_dropped_by_a_filter_it_cannot_be_judged_by() {
+    let kubeconfig = common::compacting_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "rsfilter").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    common::create_cm(&client, &ns.name, "kept", json!({}), json!({"keep": "yes"})).await;
+    common::create_cm(&client, &ns.name, "other", json!({}), json!({"keep": "no"})).await;
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let config = format!("{}filter = \"has(object.data) && object.data.keep == 'yes'\"\n", cm_config(&ns.name, ""));
+    let mut kc = Kubecast::start_with_checkpoint(&config, "", &env);
+    let evs = kc.wait_for("the snapshot of kept", WAIT, |e| !e.is_empty()).await;
+    tokio::time::sleep(GRACE).await;
+    assert_eq!(kc.events().len(), 1, "the filter passes only kept: {}", common::pretty(&evs));
+    assert!(kc.stop().success(), "{}", kc.log());
+    let rv = checkpoint_rv(&kc).expect("the final checkpoint");
+
+    api.delete("kept", &DeleteParams::default()).await.unwrap();
+    wait_until_expired(&api, &rv).await;
+    kc.restart(&env);
+    kc.wait_log("list complete", 2).await;
+    let evs = kc.wait_for("the resync delete of kept", WAIT, |e| e.len() >= 2).await;
+    let d = &evs[1];
+    assert_eq!((verb(d), d["origin"].as_str()), ("deleted", Some("resync")), "{}", common::pretty(&evs));
+    assert_eq!(d["subject"], format!("{}/kept", ns.name).as_str());
+    assert!(d["data"].get("data").is_none(), "a tombstone: identity only");
+    assert!(kc.stop().success(), "{}", kc.log());
+}

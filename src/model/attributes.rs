@@ -100,6 +100,11 @@ impl Attributes {
         self.datacontenttype = content_type;
     }
 
+    /// How the change was observed (the `origin` extension).
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
+
     /// The object's uid (the `partitionkey` extension).
     pub fn partition_key(&self) -> &str {
         &self.text[..self.uid_len]

@@ -34,7 +34,7 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 use tracing::{error, warn};
 
-use crate::model::{CloudEvent, Verb};
+use crate::model::{CloudEvent, Origin, Verb};
 use filter::Filter;
 use json::FieldPath;
 pub use options::{FilterErrorRule, PayloadMode, ShapingOptions};
@@ -206,7 +206,7 @@ impl Shaper {
         if unchanged && verb == Verb::Modified {
             return Err(Dropped::StatusOnly);
         }
-        if let Some(f) = &self.filter {
+        if let Some(f) = self.filter.as_ref().filter(|_| judged_by_filter(verb, event)) {
             let result = f.eval(&v, old.as_ref(), verb.as_str());
             self.filtered(result, event.id())?;
         }
@@ -252,7 +252,7 @@ impl Shaper {
         if unchanged && verb == Verb::Modified {
             return Err(Dropped::StatusOnly);
         }
-        if let Some(f) = &self.filter {
+        if let Some(f) = self.filter.as_ref().filter(|_| judged_by_filter(verb, event)) {
             let result = f.eval_text(text, verb.as_str());
             self.filtered(result, event.id())?;
         }
@@ -317,6 +317,14 @@ impl Shaper {
         }
         event.attributes.set_extension("truncated", ExtensionValue::Boolean(true));
     }
+}
+
+/// Whether the CEL `filter` decides on this event. Not for a resync delete (an object deleted
+/// while kubecast was not watching, found missing by a relist): it carries only the object's
+/// name, namespace, uid and resourceVersion, so a filter reading anything else would drop it
+/// by accident and the delete would be lost for good. Only `events` can exclude it.
+fn judged_by_filter(verb: Verb, event: &CloudEvent) -> bool {
+    !(verb == Verb::Deleted && event.attributes.origin() == Origin::Resync)
 }
 
 fn uid_key(uid: &str) -> u64 {
