@@ -141,6 +141,18 @@ async fn secret_values_never_appear_in_any_payload_mode() {
                 assert_eq!(evs[1]["payload"], "patch");
                 assert_eq!(evs[1]["datacontenttype"], "application/json-patch+json");
                 assert!(evs[1]["data"].is_array(), "{}", evs[1]["data"]);
+                // Both versions are redacted, yet the consumer learns which key changed.
+                let ops = evs[1]["data"].as_array().unwrap();
+                assert!(
+                    ops.contains(&json!({"op": "replace", "path": "/data/password", "value": "<redacted>"})),
+                    "the changed key is named, its value redacted: {}",
+                    evs[1]["data"]
+                );
+                assert!(
+                    !ops.iter().any(|op| op["path"] == "/data/token"),
+                    "an unchanged key is not: {}",
+                    evs[1]["data"]
+                );
             }
             _ => {
                 let meta = &evs[0]["data"]["metadata"];

@@ -27,7 +27,7 @@ mod options;
 pub mod stage;
 
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use crate::model::ExtensionValue;
 use serde_json::Value;
@@ -81,6 +81,11 @@ pub struct Shaper {
     hashes: HashMap<u64, u64>,
     /// uid -> the shaped object's JSON (`keep_previous`).
     previous: HashMap<String, Box<[u8]>>,
+    /// uid -> digest of each Secret value (`payload = "patch"` on Secrets): which keys changed,
+    /// when both sides of the patch are redacted. Keyed with a random seed of this process;
+    /// held in memory only, never sent.
+    secret_digests: HashMap<String, Vec<(String, u64)>>,
+    digest_seed: foldhash::quality::RandomState,
     describe: String,
     /// The verbs that are sent.
     events: Vec<Verb>,
@@ -115,6 +120,8 @@ impl Shaper {
             payload: r.payload,
             hashes: HashMap::new(),
             previous: HashMap::new(),
+            secret_digests: HashMap::new(),
+            digest_seed: foldhash::quality::RandomState::default(),
             describe: r.describe.clone(),
             events: r.events.clone(),
             filter_errors: crate::observe::metrics::get()
@@ -172,6 +179,7 @@ impl Shaper {
             }
         }
         let unchanged = self.ignore_status_only && self.note_hash(verb, uid, |skip| json::hash_skipping(&v, skip));
+        let changed_secret_keys = self.note_secret_digests(verb, uid, &v);
         if self.redact_secret_data {
             for field in ["data", "stringData"] {
                 if let Some(m) = v.get_mut(field).and_then(Value::as_object_mut) {
@@ -214,7 +222,17 @@ impl Shaper {
         let (data, mode) = match (self.payload, verb, old) {
             (PayloadMode::Metadata, _, _) => (metadata_only(&v), PayloadMode::Metadata),
             (PayloadMode::Patch, Verb::Modified, Some(old)) => {
-                let patch = json_patch::diff(&old, &v);
+                let mut patch = json_patch::diff(&old, &v);
+                // Both sides redacted: a changed value would not show. Its key does.
+                for path in changed_secret_keys {
+                    let op = json_patch::PatchOperation::Replace(json_patch::ReplaceOperation {
+                        path: json_patch::jsonptr::PointerBuf::parse(&path).expect("built from tokens"),
+                        value: Value::String(REDACTED.into()),
+                    });
+                    if !patch.0.contains(&op) {
+                        patch.0.push(op);
+                    }
+                }
                 (serde_json::to_value(patch).expect("a patch serialises"), PayloadMode::Patch)
             }
             _ => (v, PayloadMode::Full),
@@ -258,6 +276,37 @@ impl Shaper {
         }
         self.cap(event, None);
         Ok(())
+    }
+
+    /// `payload = "patch"` on redacted Secrets: records a digest of each value of the object
+    /// and returns the JSON pointers (`/data/password`) of the values a `modified` change
+    /// changed, of keys present before and after (added and removed keys show in the patch).
+    fn note_secret_digests(&mut self, verb: Verb, uid: &str, v: &Value) -> Vec<String> {
+        if !(self.redact_secret_data && self.payload == PayloadMode::Patch) {
+            return Vec::new();
+        }
+        if verb == Verb::Deleted {
+            self.secret_digests.remove(uid);
+            return Vec::new();
+        }
+        let mut now = Vec::new();
+        for field in ["data", "stringData"] {
+            if let Some(m) = v.get(field).and_then(Value::as_object) {
+                for (key, value) in m {
+                    let token = key.replace('~', "~0").replace('/', "~1");
+                    now.push((format!("/{field}/{token}"), self.digest_seed.hash_one(value.to_string())));
+                }
+            }
+        }
+        let before = self.secret_digests.insert(uid.to_string(), now.clone());
+        match (verb, before) {
+            (Verb::Modified, Some(before)) => now
+                .into_iter()
+                .filter(|(path, digest)| before.iter().any(|(p, d)| p == path && d != digest))
+                .map(|(path, _)| path)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Records the object's content hash (`ignore_status_only`); whether a `modified` change
