@@ -625,6 +625,20 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     );
 }
 
+/// kubecast stops within `shutdown_timeout_seconds`; the grace period before the kubelet's
+/// SIGKILL is derived from it, and a shorter one is refused.
+#[test]
+fn the_grace_period_follows_the_shutdown_timeout_and_a_shorter_one_is_refused() {
+    let grace = |sets: &[&str]| pod_spec(&render("minimal", sets))["terminationGracePeriodSeconds"].clone();
+    assert_eq!(grace(&[]), 45, "default shutdown_timeout_seconds 30 + 15");
+    assert_eq!(grace(&["config.delivery.shutdown_timeout_seconds=100"]), 115);
+    assert_eq!(grace(&["terminationGracePeriodSeconds=40"]), 40, "long enough: kept");
+    let out = template("minimal", &["terminationGracePeriodSeconds=20"]);
+    assert!(!out.status.success(), "a grace period shorter than the shutdown timeout was accepted");
+    let err = text(&out.stderr);
+    assert!(err.contains("terminationGracePeriodSeconds = 20") && err.contains("at least 35"), "{err}");
+}
+
 #[test]
 fn values_that_violate_the_schema_are_rejected_naming_the_value() {
     let cases: [(&[&str], &[&str]); 6] = [

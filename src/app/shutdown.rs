@@ -1,13 +1,17 @@
-//! Shutdown: stop reading (the reflectors end), let the shaping stage hand over what it took,
-//! deliver what the queue holds within `[delivery] shutdown_timeout_seconds`, flush the
-//! producer, stop the persister and write every stream's final checkpoint.
+//! Shutdown, within one deadline (`[delivery] shutdown_timeout_seconds` from the signal):
+//! stop reading (the reflectors end), let the shaping stage hand over what it took and the
+//! queue deliver what it holds, flush the producer, stop the persister; then, whatever
+//! happened before, write every stream's final checkpoint. A stage still busy at the deadline
+//! is stopped: what it held was not acknowledged, so it is not in any checkpoint and is sent
+//! again after the restart.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::supervise::{Outcome, flatten, task_error};
 use super::wiring::Downstream;
@@ -26,23 +30,33 @@ pub struct Drain<'a> {
     pub queue_done: bool,
     pub sink: &'a Arc<Sink>,
     pub checkpoints: &'a [Arc<StreamCheckpoint>],
+    /// From now until everything but the final checkpoint write is done.
     pub timeout: Duration,
     pub outcome: &'a mut Outcome,
 }
 
 pub async fn drain(d: Drain<'_>) {
     let Drain { health, cancel, mut streams, mut downstream, queue_done, sink, checkpoints, timeout, outcome } = d;
-    // Stop reading; deliver what was taken, within the shutdown timeout.
+    let deadline = Instant::now() + timeout;
     health.set_shutting_down();
     cancel.cancel();
-    while let Some(joined) = streams.join_next().await {
-        if let Some(e) = task_error(joined) {
-            outcome.fail(e.into(), cancel);
+    // The reflectors end at once on the token.
+    let joined = tokio::time::timeout_at(deadline, async {
+        while let Some(joined) = streams.join_next().await {
+            if let Some(e) = task_error(joined) {
+                outcome.fail(e.into(), cancel);
+            }
         }
+    })
+    .await;
+    if joined.is_err() {
+        streams.abort_all();
     }
-    let _ = downstream.shaper.await;
+    // The shaper hands the queue what it took; the queue delivers meanwhile (both can wait on
+    // a slow or unreachable sink: bounded by the deadline).
+    finish_by(deadline, &mut downstream.shaper, "shaping").await;
     if !queue_done {
-        match tokio::time::timeout(timeout, &mut downstream.queue).await {
+        match tokio::time::timeout_at(deadline, &mut downstream.queue).await {
             Ok(done) => {
                 if let Err(e) = flatten(done) {
                     outcome.fail(e.into(), cancel);
@@ -52,19 +66,30 @@ pub async fn drain(d: Drain<'_>) {
                 downstream.queue.abort();
                 warn!(
                     ?timeout,
-                    "shutdown timeout: events still queued are not acknowledged; they are sent again after restart"
+                    "shutdown deadline: events still queued are not acknowledged; they are sent again after restart"
                 );
             }
         }
     }
-    if let Err(e) = sink.flush(timeout) {
+    if let Err(e) = sink.flush(deadline.saturating_duration_since(Instant::now())) {
         // Not acknowledged, so not in any checkpoint: sent again after the restart.
-        warn!(error = %e, "not everything handed to the producer was delivered before the shutdown timeout");
+        warn!(error = %e, "not everything handed to the producer was delivered before the shutdown deadline");
     }
-    let _ = downstream.persister.await;
+    // The persister stops on the token; a write of it in progress is waited for (briefly).
+    finish_by(Instant::now().max(deadline) + Duration::from_secs(2), &mut downstream.persister, "the persister").await;
+    // Always, whatever happened above: the acknowledged position of every stream.
     for cp in checkpoints {
         if let Err(e) = cp.persist_if_dirty() {
             outcome.fail(e.into(), cancel);
         }
+    }
+    info!(within_deadline = Instant::now() <= deadline, "final checkpoints written");
+}
+
+/// Waits for `task` until `deadline`, else stops it.
+async fn finish_by(deadline: Instant, task: &mut JoinHandle<()>, what: &str) {
+    if tokio::time::timeout_at(deadline, &mut *task).await.is_err() {
+        task.abort();
+        warn!("shutdown deadline: {what} stopped before it finished");
     }
 }

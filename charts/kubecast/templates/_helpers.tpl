@@ -125,6 +125,29 @@ a value inline instead of "${env:NAME}" / "${file:/path}".
 The kubecast.toml of the ConfigMap: config.raw verbatim, or rendered from config.* with
 toToml. Also runs the checks (secrets inline, raw resources = config.resources).
 */}}
+{{/*
+"kubecast.gracePeriod": terminationGracePeriodSeconds. Empty: [delivery]
+shutdown_timeout_seconds (default 30) + 15. Set: at least shutdown_timeout_seconds + 5, or the
+chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint).
+*/}}
+{{- define "kubecast.gracePeriod" -}}
+{{- $timeout := 30 }}
+{{- $delivery := .Values.config.delivery | default dict }}
+{{- if .Values.config.raw }}
+{{- $delivery = (fromToml .Values.config.raw).delivery | default dict }}
+{{- end }}
+{{- if hasKey $delivery "shutdown_timeout_seconds" }}{{ $timeout = int $delivery.shutdown_timeout_seconds }}{{ end }}
+{{- $min := add $timeout 5 | int }}
+{{- $grace := .Values.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $grace }}
+{{- add $timeout 15 }}
+{{- else if lt (int $grace) $min }}
+{{- fail (printf "terminationGracePeriodSeconds = %d is shorter than config.delivery.shutdown_timeout_seconds (%d) + 5: the kubelet would SIGKILL kubecast before it writes its final checkpoints (fix: leave terminationGracePeriodSeconds empty to derive it, or set at least %d)" (int $grace) $timeout $min) }}
+{{- else }}
+{{- int $grace }}
+{{- end }}
+{{- end }}
+
 {{- define "kubecast.configToml" -}}
 {{- $listen := printf "0.0.0.0:%d" (int .Values.admin.port) }}
 {{- if .Values.config.raw }}
