@@ -78,3 +78,26 @@ fn a_broken_kubeconfig_named_by_the_environment_is_named_in_the_error() {
     assert!(err.contains(no_context.to_str().unwrap()), "the file is named: {err}");
     assert!(err.contains("fix:"), "{err}");
 }
+
+#[tokio::test]
+async fn an_unreachable_apiserver_is_named_in_the_log_and_in_readyz() {
+    // The test apiserver's kubeconfig, pointed at a port nobody listens on.
+    let mut kc: serde_json::Value = serde_yaml_from(&std::fs::read_to_string(common::kubeconfig()).unwrap());
+    for c in kc["clusters"].as_array_mut().unwrap() {
+        c["cluster"]["server"] = "https://127.0.0.1:9".into();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubeconfig");
+    std::fs::write(&path, kc.to_string()).unwrap();
+    let mut k = Kubecast::start_with(&cm_config("default", ""), &[("KUBECONFIG", path.to_str().unwrap())]);
+    k.wait_ready_reason("apiserver https://127.0.0.1:9/ not reachable").await;
+    k.wait_log("the apiserver cannot be reached", 1).await;
+    assert!(k.log().contains("apiserver=https://127.0.0.1:9/"), "{}", k.log());
+    assert!(k.stop().success(), "stops cleanly while unreachable\n{}", k.log());
+}
+
+/// The kubeconfig as JSON (kube reads JSON as YAML; the test env writes YAML).
+fn serde_yaml_from(text: &str) -> serde_json::Value {
+    let kc = kube::config::Kubeconfig::from_yaml(text).unwrap();
+    serde_json::to_value(kc).unwrap()
+}

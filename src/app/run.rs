@@ -36,7 +36,7 @@ use crate::source::reflector::Item;
 
 /// Runs until `shutdown` fires or a fatal error occurs.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
-    let client = client::client(&config.cluster).await?;
+    let (client, apiserver) = client::client(&config.cluster).await?;
     let api_limiter = client::limiter(&config.cluster);
     let mut pipeline = Pipeline::new(config)?;
     let config = &pipeline.config;
@@ -50,6 +50,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
 
     let cancel = shutdown.child_token();
     admin::serve(&pipeline.config.admin, health.clone(), cancel.clone()).await?;
+    tokio::spawn(supervise::probe_apiserver(client.clone(), apiserver, health.clone(), cancel.clone()));
     if sink.kafka().is_some() {
         tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));
     }

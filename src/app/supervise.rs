@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::error;
+use tracing::{error, info, warn};
+
+use crate::observe::health::Health;
 
 use super::error::RunError;
 use crate::delivery::queue::DeliveryError;
@@ -54,6 +56,46 @@ pub async fn until_stopped(
                 return true;
             }
             _ = cancel.cancelled() => return false,
+        }
+    }
+}
+
+/// While kubecast is not ready, asks the apiserver for its version every few seconds: when it
+/// cannot be reached, the log and `/readyz` name its address and the error (the streams only
+/// say that their initial sync is not done). Once everything is ready it stops asking (the
+/// watches then tell), and starts again when something is not ready.
+pub async fn probe_apiserver(client: kube::Client, url: String, health: Arc<Health>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reported: Option<std::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if health.not_ready().is_empty() {
+            continue;
+        }
+        match tokio::time::timeout(Duration::from_secs(4), client.apiserver_version()).await {
+            Ok(Ok(_)) => {
+                if reported.take().is_some() {
+                    info!(apiserver = %url, "apiserver reachable again");
+                }
+                health.set_apiserver_unreachable(None);
+            }
+            Ok(Err(e)) if matches!(e, kube::Error::Api(_)) => health.set_apiserver_unreachable(None),
+            outcome => {
+                let error = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "no answer within 4 s".to_string(),
+                };
+                let reason = format!("apiserver {url} not reachable: {error}");
+                if reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                    warn!(apiserver = %url, error = %error, "the apiserver cannot be reached; the streams retry with backoff");
+                    reported = Some(std::time::Instant::now());
+                }
+                health.set_apiserver_unreachable(Some(reason));
+            }
         }
     }
 }

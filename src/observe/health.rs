@@ -1,7 +1,7 @@
 //! Shared health state: written by the streams and the sink, read by `/readyz`.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Where a stream is, as readiness sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,8 @@ pub struct Health {
     streams: Vec<(String, AtomicU8)>,
     sink_connected: Arc<AtomicBool>,
     shutting_down: AtomicBool,
+    /// Why the apiserver cannot be reached, while it cannot (names its address).
+    apiserver: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -26,7 +28,13 @@ impl Health {
             streams: stream_names.into_iter().map(|n| (n, AtomicU8::new(StreamPhase::Starting as u8))).collect(),
             sink_connected,
             shutting_down: AtomicBool::new(false),
+            apiserver: Mutex::new(None),
         })
+    }
+
+    /// `Some(reason)`: the apiserver cannot be reached; `None`: it answers.
+    pub fn set_apiserver_unreachable(&self, reason: Option<String>) {
+        *self.apiserver.lock().expect("health lock") = reason;
     }
 
     pub fn set_phase(&self, stream: usize, phase: StreamPhase) {
@@ -56,6 +64,9 @@ impl Health {
                 p if p == StreamPhase::Starting as u8 => out.push(format!("stream {name}: initial sync not done")),
                 _ => {}
             }
+        }
+        if let Some(reason) = self.apiserver.lock().expect("health lock").as_ref() {
+            out.push(reason.clone());
         }
         if !self.sink_connected.load(Ordering::Relaxed) {
             out.push("sink: broker not reachable".to_string());

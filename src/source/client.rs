@@ -118,7 +118,8 @@ pub type ApiLimiter = Arc<DefaultDirectRateLimiter>;
 )]
 pub struct ClientError(String);
 
-pub async fn client(cfg: &ClusterConfig) -> Result<Client, ClientError> {
+/// The client and the apiserver's address (for messages).
+pub async fn client(cfg: &ClusterConfig) -> Result<(Client, String), ClientError> {
     let kcfg = match &cfg.kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
@@ -132,7 +133,8 @@ pub async fn client(cfg: &ClusterConfig) -> Result<Client, ClientError> {
             None => kube::Config::infer().await.map_err(|e| ClientError(e.to_string()))?,
         },
     };
-    Client::try_from(kcfg).map_err(|e| ClientError(e.to_string()))
+    let url = kcfg.cluster_url.to_string();
+    Ok((Client::try_from(kcfg).map_err(|e| ClientError(e.to_string()))?, url))
 }
 
 /// The kubeconfig files named by `KUBECONFIG` (merged in order, as kubectl does; files that
