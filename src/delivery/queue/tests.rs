@@ -46,8 +46,9 @@ async fn one_object_at_a_time_different_objects_at_once() {
         for o in 0..objects {
             let (uid, seq) = (format!("obj-{o}"), round * objects + o);
             let rv = 100 + seq;
-            // Different durations, so that sends of different objects finish out of order.
-            let took = Duration::from_millis((o * 7 + round * 3) % 11 + 1);
+            // Different durations, so that sends of different objects finish out of order, and
+            // obj-0 slow: its next event would overtake one in flight if the queue let it.
+            let took = Duration::from_millis(if o == 0 { 50 } else { (o * 7 + round * 3) % 11 + 1 });
             h.stub.reply(&id(&uid, rv), Reply::After(took, Ok(())));
             expected.entry(uid.clone()).or_default().push(id(&uid, rv));
             tx.send(job(seq, &uid, rv)).await.unwrap();
