@@ -182,3 +182,7 @@ async fn write_nats(
         Err(e) => Err(e.to_string()),
     }
 }
+
+/// Unit tests: the file and stop dead letters; with the stub sink (`tests.rs` in the folder of this file's name).
+#[cfg(test)]
+mod tests;

@@ -14,5 +14,7 @@ mod config;
 pub mod dead_letter;
 pub mod queue;
 pub mod retry;
+#[cfg(test)]
+mod testkit;
 
 pub use config::{DeadLetterConfig, DeadLetterType, DeliveryConfig};

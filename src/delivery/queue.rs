@@ -292,3 +292,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
     }
     result.map(|_| ())
 }
+
+/// Unit tests: per-object order, acknowledgements and the checkpoint, retries, capacity, fatal errors; with the stub sink (`tests.rs` in the folder of this file's name).
+#[cfg(test)]
+mod tests;

@@ -12,6 +12,8 @@ pub mod nats;
 mod outbound;
 pub mod secret;
 mod stdout;
+#[cfg(test)]
+pub mod stub;
 pub mod template;
 
 use std::sync::Arc;
@@ -31,6 +33,9 @@ pub enum Sink {
     File(FileSink),
     Kafka(KafkaSink),
     Nats(NatsSink),
+    /// Tests only: a scripted sink (`stub.rs`); absent from the production build.
+    #[cfg(test)]
+    Stub(stub::StubSink),
 }
 
 impl Sink {
@@ -61,6 +66,8 @@ impl Sink {
             Sink::File(s) => Box::pin(s.write_line(&structured_line(&msg.event)?)).await,
             Sink::Kafka(s) => Box::pin(s.send(msg)).await,
             Sink::Nats(s) => s.send(msg).await,
+            #[cfg(test)]
+            Sink::Stub(s) => Box::pin(s.send(msg)).await,
         }
     }
 
@@ -71,6 +78,8 @@ impl Sink {
             Sink::Stdout(_) | Sink::File(_) => false,
             Sink::Kafka(s) => s.mode() == kafka::Mode::Structured,
             Sink::Nats(s) => s.mode() == nats::Mode::Structured,
+            #[cfg(test)]
+            Sink::Stub(_) => false,
         }
     }
 
@@ -81,6 +90,8 @@ impl Sink {
             Sink::File(_) => "file",
             Sink::Kafka(_) => "kafka",
             Sink::Nats(_) => "nats",
+            #[cfg(test)]
+            Sink::Stub(_) => "stub",
         }
     }
 
@@ -91,6 +102,8 @@ impl Sink {
             Sink::File(s) => s.path().display().to_string(),
             Sink::Kafka(s) => s.destination(msg),
             Sink::Nats(s) => s.destination(msg),
+            #[cfg(test)]
+            Sink::Stub(_) => "stub".into(),
         }
     }
 
@@ -101,6 +114,8 @@ impl Sink {
             // stdout and file flush after every event; NATS waits for each PubAck (JetStream)
             // or flushes after each publish (core).
             Sink::Stdout(_) | Sink::File(_) | Sink::Nats(_) => Ok(()),
+            #[cfg(test)]
+            Sink::Stub(_) => Ok(()),
         }
     }
 
@@ -110,6 +125,8 @@ impl Sink {
             Sink::Kafka(k) => k.connected(),
             Sink::Nats(n) => n.connected(),
             Sink::Stdout(_) | Sink::File(_) => Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            #[cfg(test)]
+            Sink::Stub(_) => Arc::new(std::sync::atomic::AtomicBool::new(true)),
         }
     }
 

@@ -1,0 +1,367 @@
+//! The queue with a stub sink: no server, no network, tokio's paused time (backoffs cost no
+//! wall time).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::delivery::DeadLetterType;
+use crate::delivery::queue::DeliveryError;
+use crate::delivery::testkit::{Harness, bookmark, config, id, job, settle};
+use crate::model::IndexEntry;
+use crate::sink::SendError;
+use crate::sink::stub::{Record, Reply, Step};
+
+fn retriable() -> Result<(), SendError> {
+    Err(SendError::Retriable("broker down".into()))
+}
+
+/// The log's records of event `id`.
+fn of<'a>(log: &'a [Record], id: &str) -> Vec<&'a Record> {
+    log.iter().filter(|r| r.id == id).collect()
+}
+
+/// Where in the log event `id`'s attempt `attempt` took `step`.
+fn at(log: &[Record], id: &str, attempt: u32, step: &Step) -> usize {
+    log.iter()
+        .position(|r| r.id == id && r.attempt == attempt && r.step == *step)
+        .unwrap_or_else(|| panic!("{id} attempt {attempt} {step:?} is not in the log: {log:#?}"))
+}
+
+fn entry(uid: &str, rv: u64) -> IndexEntry {
+    IndexEntry { namespace: Some("n".into()), name: uid.into(), resource_version: rv.to_string() }
+}
+
+/// Several objects with several events each: one object's events are sent strictly one after
+/// another (the next starts only after the previous was accepted), in the order they came;
+/// different objects are in flight at once, up to `max_in_flight`.
+#[tokio::test(start_paused = true)]
+async fn one_object_at_a_time_different_objects_at_once() {
+    let h = Harness::new(&config(100, 3), "QueueOrder");
+    let (objects, rounds) = (5u64, 4u64);
+    let mut expected: HashMap<String, Vec<String>> = HashMap::new();
+    let (tx, run) = h.start(64);
+    for round in 0..rounds {
+        for o in 0..objects {
+            let (uid, seq) = (format!("obj-{o}"), round * objects + o);
+            let rv = 100 + seq;
+            // Different durations, so that sends of different objects finish out of order, and
+            // obj-0 slow: its next event would overtake one in flight if the queue let it.
+            let took = Duration::from_millis(if o == 0 { 50 } else { (o * 7 + round * 3) % 11 + 1 });
+            h.stub.reply(&id(&uid, rv), Reply::After(took, Ok(())));
+            expected.entry(uid.clone()).or_default().push(id(&uid, rv));
+            tx.send(job(seq, &uid, rv)).await.unwrap();
+        }
+    }
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+
+    let log = h.stub.log();
+    for (uid, ids) in &expected {
+        let steps: Vec<(String, Step)> =
+            log.iter().filter(|r| &r.key == uid).map(|r| (r.id.clone(), r.step.clone())).collect();
+        let alternating: Vec<(String, Step)> =
+            ids.iter().flat_map(|i| [(i.clone(), Step::Started), (i.clone(), Step::Finished(Ok(())))]).collect();
+        assert_eq!(steps, alternating, "{uid}: each event starts after the one before it was accepted, in order");
+    }
+    assert_eq!(h.stub.max_in_flight(), 3, "different objects go out at once, up to max_in_flight");
+    assert_eq!(h.stub.accepted().len(), 20);
+    assert_eq!(h.checkpoint.acked_items(), 20);
+    assert_eq!(h.acked_events(), 20, "every job acknowledged once");
+    assert_eq!(h.committed().resource_version.as_deref(), Some("119"));
+}
+
+/// Acknowledgements arriving out of order (an early event held in flight, later ones of
+/// other objects accepted): each job is acknowledged exactly once, and the checkpoint does not
+/// pass the held event until it is accepted; the later acknowledgements are kept as
+/// `acked_ahead` meanwhile.
+#[tokio::test(start_paused = true)]
+async fn out_of_order_acks_never_move_the_checkpoint_past_a_job_in_flight() {
+    let h = Harness::new(&config(100, 10), "QueueAcks");
+    let a10 = h.stub.hold(&id("a", 10));
+    let b11 = h.stub.hold(&id("b", 11));
+    let (tx, run) = h.start(16);
+    for (seq, (uid, rv)) in [("a", 10), ("b", 11), ("c", 12), ("b", 13), ("a", 14), ("c", 15)].into_iter().enumerate() {
+        tx.send(job(seq as u64, uid, rv)).await.unwrap();
+    }
+    h.stub.wait_until(|log| log.iter().filter(|r| r.step == Step::Finished(Ok(()))).count() == 2).await;
+    settle().await;
+    assert_eq!(h.stub.accepted(), [id("c", 12), id("c", 15)]);
+    assert!(!h.stub.started().contains(&id("a", 14)), "a's second event waits behind its first");
+    assert!(!h.stub.started().contains(&id("b", 13)));
+
+    // b's first event accepted while a's (seq 0) is still in flight.
+    b11.send(Ok(())).unwrap();
+    h.stub.wait_until(|log| log.iter().any(|r| r.id == id("b", 13) && r.step == Step::Finished(Ok(())))).await;
+    settle().await;
+    assert_eq!(h.acked_events(), 4, "b 11, c 12, b 13, c 15");
+    assert_eq!(h.checkpoint.acked_items(), 0, "seq 0 is not acknowledged");
+    assert_eq!(h.committed(), Default::default(), "the checkpoint has not moved");
+    assert!(h.checkpoint.persist_if_dirty().unwrap());
+    let stored = h.store.load(&h.key).unwrap().expect("written");
+    assert_eq!(stored.resource_version, None);
+    assert!(stored.objects.is_empty());
+    let mut ahead = stored.acked_ahead.clone();
+    ahead.sort();
+    let pairs = [("b", "11"), ("b", "13"), ("c", "12"), ("c", "15")];
+    assert_eq!(ahead, pairs.map(|(u, v)| (u.to_string(), v.to_string())));
+
+    a10.send(Ok(())).unwrap();
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+    assert_eq!(h.acked_events(), 6, "every job acknowledged exactly once");
+    assert_eq!(h.checkpoint.acked_items(), 6);
+    let committed = h.committed();
+    assert_eq!(committed.resource_version.as_deref(), Some("15"));
+    assert_eq!(committed.objects.len(), 3);
+    assert_eq!(committed.objects["a"], entry("a", 14));
+    assert_eq!(committed.objects["b"], entry("b", 13));
+    assert_eq!(committed.objects["c"], entry("c", 15));
+    assert!(h.checkpoint.persist_if_dirty().unwrap());
+    let stored = h.store.load(&h.key).unwrap().expect("written");
+    assert!(stored.acked_ahead.is_empty(), "all in the prefix now");
+    assert_eq!(stored.resource_version.as_deref(), Some("15"));
+}
+
+/// A retriable failure is retried with backoff; the object's later event waits behind it,
+/// while other objects go on.
+#[tokio::test(start_paused = true)]
+async fn retries_back_off_and_keep_the_objects_order() {
+    let h = Harness::new(&config(100, 10), "QueueRetries");
+    let (a1, a2, b1) = (id("a", 1), id("a", 2), id("b", 3));
+    h.stub.answer(&a1, retriable());
+    h.stub.answer(&a1, retriable());
+    let (tx, run) = h.start(16);
+    for (seq, (uid, rv)) in [("a", 1), ("b", 3), ("a", 2)].into_iter().enumerate() {
+        tx.send(job(seq as u64, uid, rv)).await.unwrap();
+    }
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+
+    let log = h.stub.log();
+    let a1s = of(&log, &a1);
+    assert_eq!(a1s.len(), 6, "three attempts: {a1s:#?}");
+    let ok = Step::Finished(Ok(()));
+    assert!(at(&log, &b1, 1, &ok) < at(&log, &a1, 2, &Step::Started), "b does not wait for a's retries");
+    assert!(at(&log, &a1, 3, &ok) < at(&log, &a2, 1, &Step::Started), "a's second event waits for its first");
+    assert_eq!(of(&log, &a2).len(), 2);
+    // Jittered exponential backoff from 100 ms: the first wait in [100, 200) ms, the second in
+    // [200, 400) ms.
+    let waited = |n: usize| a1s[2 * n].at - a1s[2 * n - 1].at;
+    assert!(waited(1) >= Duration::from_millis(100) && waited(1) <= Duration::from_millis(200), "{:?}", waited(1));
+    assert!(waited(2) >= Duration::from_millis(200) && waited(2) <= Duration::from_millis(400), "{:?}", waited(2));
+    assert_eq!(h.metrics.retries.get(), 2);
+    assert_eq!(h.stub.accepted(), [b1.clone(), a1, a2]);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("2"));
+    assert!(h.dead_letters().is_empty());
+}
+
+/// `max_attempts` retriable failures: the event goes to the dead letter, is acknowledged, and
+/// its object's next event follows.
+#[tokio::test(start_paused = true)]
+async fn attempts_exhausted_go_to_the_dead_letter() {
+    let cfg = crate::delivery::DeliveryConfig { max_attempts: 3, ..config(100, 10) };
+    let h = Harness::new(&cfg, "QueueExhausted");
+    let (a1, a2) = (id("a", 1), id("a", 2));
+    for _ in 0..5 {
+        h.stub.answer(&a1, retriable());
+    }
+    let (tx, run) = h.start(16);
+    tx.send(job(0, "a", 1)).await.unwrap();
+    tx.send(job(1, "a", 2)).await.unwrap();
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+
+    let log = h.stub.log();
+    assert_eq!(of(&log, &a1).len(), 6, "exactly max_attempts = 3 attempts");
+    assert_eq!(h.stub.accepted(), [a2]);
+    let dead = h.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["event"]["id"], a1.as_str());
+    assert_eq!(dead[0]["reason"], "gave up after 3 attempts: broker down");
+    assert_eq!(h.metrics.dead_lettered[crate::model::Verb::Modified.index()].get(), 1);
+    assert_eq!(h.acked_events(), 2, "the dead-lettered event is acknowledged too");
+    assert_eq!(h.committed().resource_version.as_deref(), Some("2"));
+}
+
+/// A permanent failure goes to the dead letter at once (no retry); the object's next event
+/// is sent after it was written.
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_is_dead_lettered_and_the_object_goes_on() {
+    let h = Harness::new(&config(100, 10), "QueuePermanent");
+    let (a1, a2, b1) = (id("a", 1), id("a", 2), id("b", 3));
+    h.stub.answer(&a1, Err(SendError::Permanent("message too large".into())));
+    let (tx, run) = h.start(16);
+    for (seq, (uid, rv)) in [("a", 1), ("a", 2), ("b", 3)].into_iter().enumerate() {
+        tx.send(job(seq as u64, uid, rv)).await.unwrap();
+    }
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+
+    let log = h.stub.log();
+    assert_eq!(of(&log, &a1).len(), 2, "one attempt");
+    let failed = Step::Finished(Err(SendError::Permanent("message too large".into())));
+    assert!(at(&log, &a1, 1, &failed) < at(&log, &a2, 1, &Step::Started));
+    assert_eq!(h.metrics.retries.get(), 0);
+    let dead = h.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0]["event"]["id"], a1.as_str());
+    assert_eq!(dead[0]["reason"], "message too large");
+    assert_eq!(dead[0]["destination"], "stub");
+    let mut accepted = h.stub.accepted();
+    accepted.sort();
+    assert_eq!(accepted, [a2, b1]);
+    assert_eq!(h.acked_events(), 3);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("3"));
+    assert_eq!(h.committed().objects["a"], entry("a", 2));
+}
+
+/// `[delivery.dead_letter] type = "stop"`: a permanent failure ends the queue with
+/// `Undeliverable`; the checkpoint stays before the event.
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_stops_the_queue_without_a_dead_letter() {
+    let mut cfg = config(100, 10);
+    cfg.dead_letter.kind = DeadLetterType::Stop;
+    let h = Harness::new(&cfg, "QueueStop");
+    h.stub.answer(&id("b", 2), Err(SendError::Permanent("not authorized".into())));
+    let (tx, run) = h.start(16);
+    tx.send(job(0, "a", 1)).await.unwrap();
+    h.stub.wait_until(|log| log.len() == 2).await;
+    tx.send(job(1, "b", 2)).await.unwrap();
+    let Err(DeliveryError::Undeliverable(e)) = run.await.unwrap() else { panic!("the queue must stop") };
+    assert_eq!(
+        (e.id.as_str(), e.destination.as_str(), e.reason.as_str()),
+        (id("b", 2).as_str(), "stub", "not authorized")
+    );
+    assert_eq!(h.checkpoint.acked_items(), 1);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("1"));
+    assert!(!h.dead_letter.exists());
+}
+
+/// With `queue_capacity` N the queue holds at most N events; full, it takes no job from its
+/// channel (whose senders then wait), and takes them again only once `refill_batch(N)` fit,
+/// then that many at once.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_stops_taking_jobs_and_takes_them_again_in_batches() {
+    // Capacity 32: refill batches of 4. Every event of an object of its own, and max_in_flight
+    // above the capacity: what the queue holds is what is in flight at the stub.
+    let h = Harness::new(&config(32, 64), "QueueCapacity");
+    assert_eq!(super::refill_batch(32), 4);
+    let total = 60u64;
+    let mut held: Vec<_> = (0..36).map(|n| Some(h.stub.hold(&id(&format!("o{n}"), n + 1)))).collect();
+    let (tx, run) = h.start(8);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let producer = tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            for n in 0..total {
+                tx.send(job(n, &format!("o{n}"), n + 1)).await.unwrap();
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    h.stub.wait_until(|log| log.len() == 32).await;
+    settle().await;
+    assert_eq!(h.stub.in_flight(), 32, "the queue holds its capacity");
+    assert_eq!(h.stub.started().len(), 32, "and takes no more");
+    assert_eq!(sent.load(Ordering::SeqCst), 32 + 8, "the channel is full: its sender waits");
+
+    let mut release = |n: usize| held[n].take().unwrap().send(Ok(())).unwrap();
+    for n in 0..3 {
+        release(n);
+    }
+    settle().await;
+    assert_eq!(h.stub.in_flight(), 29);
+    assert_eq!(h.stub.started().len(), 32, "three free places: less than a batch, nothing taken");
+    assert_eq!(sent.load(Ordering::SeqCst), 40);
+
+    release(3);
+    settle().await;
+    assert_eq!(h.stub.started().len(), 36, "a batch fits: four taken at once");
+    assert_eq!(h.stub.in_flight(), 32);
+    assert_eq!(sent.load(Ordering::SeqCst), 44);
+
+    for n in 4..36 {
+        release(n);
+    }
+    producer.await.unwrap();
+    run.await.unwrap().expect("delivered");
+    assert_eq!(h.stub.max_in_flight(), 32, "never more than the capacity");
+    assert_eq!(h.acked_events(), total);
+    assert_eq!(h.checkpoint.acked_items(), total);
+}
+
+/// Events waiting behind their object's event in flight count against the capacity too.
+#[tokio::test(start_paused = true)]
+async fn waiting_events_count_against_the_capacity() {
+    let h = Harness::new(&config(8, 4), "QueueCapacityWaiting");
+    let first = h.stub.hold(&id("a", 1));
+    let (tx, run) = h.start(4);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let producer = tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            for n in 0..20 {
+                tx.send(job(n, "a", n + 1)).await.unwrap();
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    h.stub.wait_until(|log| !log.is_empty()).await;
+    settle().await;
+    assert_eq!(h.stub.started(), [id("a", 1)], "one event of an object at a time");
+    assert_eq!(sent.load(Ordering::SeqCst), 8 + 4, "8 held (1 in flight, 7 waiting), 4 in the channel");
+    first.send(Ok(())).unwrap();
+    producer.await.unwrap();
+    run.await.unwrap().expect("delivered");
+    let expected: Vec<String> = (0..20).map(|n| id("a", n + 1)).collect();
+    assert_eq!(h.stub.accepted(), expected);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("20"));
+}
+
+/// Jobs without an event (a bookmark, a filtered change) are acknowledged at once, and the
+/// checkpoint takes them in their place among the others.
+#[tokio::test(start_paused = true)]
+async fn jobs_without_an_event_are_acknowledged_at_once_in_order() {
+    let h = Harness::new(&config(100, 10), "QueueNoEvent");
+    let a10 = h.stub.hold(&id("a", 10));
+    let (tx, run) = h.start(16);
+    for j in [bookmark(0, 5), job(1, "a", 10), bookmark(2, 11), job(3, "b", 12), bookmark(4, 13)] {
+        tx.send(j).await.unwrap();
+    }
+    h.stub.wait_until(|log| log.iter().any(|r| r.id == id("b", 12) && r.step == Step::Finished(Ok(())))).await;
+    settle().await;
+    assert_eq!(h.checkpoint.acked_items(), 1, "seq 0 acknowledged at once; seq 1 in flight");
+    assert_eq!(h.committed().resource_version.as_deref(), Some("5"));
+    assert!(h.committed().objects.is_empty());
+
+    a10.send(Ok(())).unwrap();
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+    assert_eq!(h.checkpoint.acked_items(), 5);
+    assert_eq!(h.acked_events(), 2, "bookmarks are not events");
+    assert_eq!(h.committed().resource_version.as_deref(), Some("13"));
+    assert_eq!(h.committed().objects.len(), 2);
+}
+
+/// A fatal send error ends the queue with `DeliveryError::Fatal`, its input still open; the
+/// checkpoint stays before the event.
+#[tokio::test(start_paused = true)]
+async fn a_fatal_send_error_ends_the_queue() {
+    let h = Harness::new(&config(100, 10), "QueueFatal");
+    let (tx, run) = h.start(16);
+    tx.send(job(0, "a", 1)).await.unwrap();
+    h.stub.wait_until(|log| log.len() == 2).await;
+    h.stub.answer(&id("b", 2), Err(SendError::Fatal("producer fenced".into())));
+    let _c = h.stub.hold(&id("c", 3));
+    tx.send(job(1, "b", 2)).await.unwrap();
+    tx.send(job(2, "c", 3)).await.unwrap();
+    let result = run.await.unwrap();
+    assert!(matches!(&result, Err(DeliveryError::Fatal(r)) if r == "producer fenced"), "{result:?}");
+    assert_eq!(h.checkpoint.acked_items(), 1);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("1"));
+    assert_eq!(h.acked_events(), 1);
+    assert!(h.dead_letters().is_empty());
+    drop(tx);
+}
