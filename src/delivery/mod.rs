@@ -1,7 +1,7 @@
 //! The outbound queue between the reflectors and the sink: per-object order, a bounded
 //! number of queued and in-flight events, a shared rate limit, retries with backoff, and a
 //! dead-letter destination for events that can never be delivered. Acknowledgements flow back
-//! to each stream's watermark (`ack.rs`).
+//! to each stream's watermark (`state/watermark.rs`).
 //!
 //! Stages around the sink's one `send` (tower style), each separable:
 //! `queue` (order + bounds) -> `limit` (governor) -> `retry` (backoff) -> `Sink::send`
