@@ -7,6 +7,9 @@ use kube::api::GroupVersionKind;
 use tracing::{error, warn};
 
 use crate::config::Config;
+use crate::delivery::DeliveryError;
+use crate::delivery::dead_letter::DeadLetter;
+use crate::delivery::retry::RetryPolicy;
 use crate::model::{Fields, TypeFields};
 use crate::sink::template::Template;
 use crate::sink::{NatsSink, Sink, SinkError};
@@ -15,6 +18,12 @@ use crate::sink::{NatsSink, Sink, SinkError};
 /// resource's subjects (its kind found by discovery; a namespace of the configured ones, or
 /// `default`); when NATS is not reachable yet, checked once it is (then a missing stream is
 /// logged, and the events wait and retry instead of stopping kubecast).
+/// The dead-letter destination takes dead letters (see [`DeadLetter::check`]).
+pub async fn check_dead_letter(config: &Config, sink: &Sink) -> Result<(), DeliveryError> {
+    let d = &config.delivery;
+    DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, RetryPolicy::new(d)).check(sink).await
+}
+
 pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &Arc<Sink>) -> Result<(), SinkError> {
     let Some(n) = sink.nats() else { return Ok(()) };
     if !n.jetstream() {

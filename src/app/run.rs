@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use super::error::RunError;
-use super::preflight::check_nats_streams;
+use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::{CHANNEL_CAPACITY, Pipeline};
 use super::{shutdown, supervise};
 use crate::config::Config;
@@ -42,6 +42,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let config = &pipeline.config;
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);
     check_nats_streams(config, &client, &sink).await?;
+    check_dead_letter(config, &sink).await?;
     let health = Health::new(pipeline.stream_names(), sink.connected());
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);

@@ -2,23 +2,26 @@
 //! large, not authorized, cannot be encoded) or `max_attempts` ran out. The event's stream then
 //! goes on with the object's later events: the dead-lettered event is missing from the
 //! destination, in its place (order of the rest is kept). A dead letter that cannot be written
-//! is retried forever: an accepted event is never dropped.
+//! is retried (`[delivery] max_attempts` times, 0 = as long as it takes), then kubecast stops
+//! with the checkpoint before the event: an accepted event is never dropped. The destination
+//! is checked at start ([`DeadLetter::check`]). The file dead letter is the file sink's writer:
+//! a line counts once it is fsynced, and a write cut short is cut back.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rdkafka::message::{Header, OwnedHeaders};
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::Mutex;
+use tokio::sync::OnceCell;
 use tracing::{error, warn};
 
 use super::config::{DeadLetterConfig, DeadLetterType};
+use super::error::{DeliveryError, Undeliverable};
 use super::retry::RetryPolicy;
-use crate::sink::{NatsSink, Outbound, SendError, Sink, kafka};
+use crate::sink::{FileSink, NatsSink, Outbound, SendError, Sink, kafka};
 
 pub enum Target {
-    File { path: PathBuf, file: Mutex<Option<tokio::fs::File>> },
+    File { path: PathBuf, file: OnceCell<FileSink> },
     Broker { topic: String },
     Stop,
 }
@@ -29,23 +32,12 @@ pub struct DeadLetter {
     count: AtomicU64,
 }
 
-/// A permanent failure with `[delivery.dead_letter] type = "stop"`.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "event {id} cannot be delivered to {destination}: {reason}; stopping because [delivery.dead_letter] type = \"stop\" (fix: correct the cause, or configure a dead letter)"
-)]
-pub struct Undeliverable {
-    pub id: String,
-    pub destination: String,
-    pub reason: String,
-}
-
 impl DeadLetter {
     pub fn new(cfg: &DeadLetterConfig, checkpoint_dir: &std::path::Path, retry: RetryPolicy) -> Self {
         let target = match cfg.kind {
             DeadLetterType::File => Target::File {
                 path: cfg.path.clone().unwrap_or_else(|| checkpoint_dir.join("dead-letter.jsonl")),
-                file: Mutex::new(None),
+                file: OnceCell::new(),
             },
             DeadLetterType::Broker => Target::Broker { topic: cfg.destination.clone().unwrap_or_default() },
             DeadLetterType::Stop => Target::Stop,
@@ -58,18 +50,69 @@ impl DeadLetter {
         self.count.load(Ordering::Relaxed)
     }
 
-    /// Writes `msg` with `reason`; returns when it is stored (retrying as long as it takes).
-    pub async fn put(&self, sink: &Sink, msg: &Outbound, reason: &str) -> Result<(), Undeliverable> {
+    /// Where dead letters go, for messages.
+    pub fn describe(&self) -> String {
+        match &self.target {
+            Target::File { path, .. } => format!("file {}", path.display()),
+            Target::Broker { topic } => format!("broker destination {topic:?}"),
+            Target::Stop => "none (type = \"stop\")".into(),
+        }
+    }
+
+    /// At start: the destination can take dead letters (the file opens; the Kafka topic exists
+    /// or the broker creates it; a JetStream stream covers the NATS subject). A broker not
+    /// reachable yet is not an error (the check is skipped, with a warning).
+    pub async fn check(&self, sink: &Sink) -> Result<(), DeliveryError> {
+        let fail = |what: String| DeliveryError::DeadLetterCheck(what);
+        match &self.target {
+            Target::Stop => Ok(()),
+            Target::File { path, file } => file
+                .get_or_try_init(|| FileSink::open(path.clone()))
+                .await
+                .map(|_| ())
+                .map_err(|e| fail(format!("[delivery.dead_letter] path {}: {e}", path.display()))),
+            Target::Broker { topic } => {
+                if let Some(k) = sink.kafka() {
+                    match k.topic_exists(topic).await {
+                        Ok(true) => Ok(()),
+                        Ok(false) => Err(fail(format!(
+                            "[delivery.dead_letter] destination: Kafka topic {topic:?} does not exist and the broker does not create it (fix: create the topic, or name an existing one)"
+                        ))),
+                        Err(e) => {
+                            warn!(topic, error = %e, "the dead-letter topic could not be checked (broker not reachable?); checked when it is used");
+                            Ok(())
+                        }
+                    }
+                } else if let Some(n) = sink.nats() {
+                    if !n.is_connected() {
+                        warn!(subject = %topic, "NATS is not reachable yet: the dead-letter subject is checked when it is used");
+                        return Ok(());
+                    }
+                    n.ensure_streams(std::slice::from_ref(topic))
+                        .await
+                        .map_err(|e| fail(format!("[delivery.dead_letter] destination {topic:?}: {e}")))
+                } else {
+                    Err(fail("[delivery.dead_letter] type = \"broker\" needs a broker sink (kafka or nats)".into()))
+                }
+            }
+        }
+    }
+
+    /// Writes `msg` with `reason`; returns when it is stored, retrying up to `max_attempts`
+    /// times (0: as long as it takes); then the error stops kubecast.
+    pub async fn put(&self, sink: &Sink, msg: &Outbound, reason: &str) -> Result<(), DeliveryError> {
         let destination = sink.destination(msg);
         let id = msg.event.id().to_string();
         if let Target::Stop = self.target {
-            return Err(Undeliverable { id, destination, reason: reason.to_string() });
+            return Err(Undeliverable { id, destination, reason: reason.to_string() }.into());
         }
         error!(event_id = %id, trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
         let mut backoff = self.retry.backoff();
+        let mut attempt = 0u32;
         loop {
+            attempt += 1;
             let result = match &self.target {
-                Target::File { path, file } => self.write_file(path, file, msg, &destination, reason).await,
+                Target::File { path, file } => write_file(path, file, msg, &destination, reason).await,
                 Target::Broker { topic } => self.write_broker(sink, topic, msg, &destination, reason).await,
                 Target::Stop => unreachable!(),
             };
@@ -78,46 +121,20 @@ impl DeadLetter {
                     self.count.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
+                Err(e) if !self.retry.may_retry(attempt) => {
+                    return Err(DeliveryError::DeadLetterUnwritable {
+                        id,
+                        dead_letter: self.describe(),
+                        attempts: attempt,
+                        error: e,
+                    });
+                }
                 Err(e) => {
-                    warn!(event_id = %id, error = %e, "dead letter not written; retrying");
+                    warn!(event_id = %id, error = %e, attempt, "dead letter not written; retrying");
                     tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
                 }
             }
         }
-    }
-
-    async fn write_file(
-        &self,
-        path: &PathBuf,
-        file: &Mutex<Option<tokio::fs::File>>,
-        msg: &Outbound,
-        destination: &str,
-        reason: &str,
-    ) -> Result<(), String> {
-        let mut guard = file.lock().await;
-        if guard.is_none() {
-            let f = tokio::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .await
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            *guard = Some(f);
-        }
-        // {"reason":..,"destination":..,"failed_at":..,"event":<the structured event>}
-        let mut line = serde_json::to_vec(&json!({
-            "reason": reason,
-            "destination": destination,
-            "failed_at": chrono::Utc::now().to_rfc3339(),
-        }))
-        .map_err(|e| e.to_string())?;
-        line.pop();
-        line.extend_from_slice(b",\"event\":");
-        line.extend_from_slice(&msg.event.to_structured());
-        line.extend_from_slice(b"}\n");
-        let f = guard.as_mut().expect("opened above");
-        f.write_all(&line).await.map_err(|e| format!("{}: {e}", path.display()))?;
-        f.flush().await.map_err(|e| format!("{}: {e}", path.display()))
     }
 
     async fn write_broker(
@@ -151,6 +168,28 @@ impl DeadLetter {
     }
 }
 
+/// `{"reason":..,"destination":..,"failed_at":..,"event":<the structured event>}` as one line.
+async fn write_file(
+    path: &std::path::Path,
+    file: &OnceCell<FileSink>,
+    msg: &Outbound,
+    destination: &str,
+    reason: &str,
+) -> Result<(), String> {
+    let sink = file.get_or_try_init(|| FileSink::open(path.to_path_buf())).await.map_err(|e| e.to_string())?;
+    let mut line = serde_json::to_vec(&json!({
+        "reason": reason,
+        "destination": destination,
+        "failed_at": chrono::Utc::now().to_rfc3339(),
+    }))
+    .map_err(|e| e.to_string())?;
+    line.pop();
+    line.extend_from_slice(b",\"event\":");
+    line.extend_from_slice(&msg.event.to_structured());
+    line.extend_from_slice(b"}\n");
+    sink.write_line(&line).await.map_err(|e| e.to_string())
+}
+
 /// NATS: the structured event on subject `subject`, with headers `Kubecast-Dead-Letter-Reason`
 /// and `Kubecast-Original-Destination` (and `Kubecast-Data-Dropped: true` when even the
 /// dead-letter subject refuses the event's size).
@@ -169,7 +208,10 @@ async fn write_nats(
         h.insert("Kubecast-Original-Destination", destination);
         h
     };
-    let id = msg.event.id();
+    // Its own message id: the event's may be in the stream's duplicate window already (stored,
+    // PubAck lost), and the dead letter would be dropped as a duplicate of it.
+    let id = format!("{}:dead-letter", msg.event.id());
+    let id = id.as_str();
     let payload = bytes::Bytes::from(msg.event.to_structured());
     match n.publish(subject.to_string(), headers(), payload, id).await {
         Ok(()) => Ok(()),

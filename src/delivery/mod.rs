@@ -12,9 +12,11 @@
 
 mod config;
 pub mod dead_letter;
+mod error;
 pub mod queue;
 pub mod retry;
 #[cfg(test)]
 mod testkit;
 
 pub use config::{DeadLetterConfig, DeadLetterType, DeliveryConfig};
+pub use error::{DeliveryError, Undeliverable};

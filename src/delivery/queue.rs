@@ -21,7 +21,8 @@ use governor::DefaultDirectRateLimiter;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::dead_letter::{DeadLetter, Undeliverable};
+use super::dead_letter::DeadLetter;
+pub use super::error::DeliveryError;
 use super::retry::RetryPolicy;
 use crate::model::{Effect, Verb};
 use crate::observe::metrics::StreamMetrics;
@@ -43,14 +44,6 @@ pub struct Job {
     pub limiter: Option<Limiter>,
     /// The change's verb (metrics labels).
     pub verb: Verb,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum DeliveryError {
-    #[error("sink failed: {0} (kubecast stops; the checkpoint stays at the last acknowledged event)")]
-    Fatal(String),
-    #[error(transparent)]
-    Undeliverable(#[from] Undeliverable),
 }
 
 pub struct Queue {

@@ -1,9 +1,9 @@
 //! The dead letter with a stub sink (its destination: `stub`): the file's lines, and `stop`.
 
-use crate::delivery::DeadLetterType;
 use crate::delivery::dead_letter::DeadLetter;
 use crate::delivery::retry::RetryPolicy;
 use crate::delivery::testkit::{config, dead_letter_config, outbound, read_json_lines};
+use crate::delivery::{DeadLetterType, DeliveryError};
 use crate::sink::Sink;
 use crate::sink::stub::StubSink;
 
@@ -65,7 +65,9 @@ async fn the_stop_dead_letter_returns_undeliverable() {
     let sink = Sink::Stub(StubSink::new());
     let dead_letter = DeadLetter::new(&dead_letter_config(DeadLetterType::Stop, None), dir.path(), retry());
     let msg = outbound("a", 1);
-    let e = dead_letter.put(&sink, &msg, "not authorized").await.unwrap_err();
+    let Err(DeliveryError::Undeliverable(e)) = dead_letter.put(&sink, &msg, "not authorized").await else {
+        panic!("type = \"stop\" must refuse the event")
+    };
     assert_eq!(e.id, msg.event.id());
     assert_eq!(e.destination, "stub");
     assert_eq!(e.reason, "not authorized");

@@ -197,11 +197,32 @@ impl KafkaSink {
                 | C::InvalidMessageSize
                 | C::InvalidRecord
                 | C::InvalidTopic
+                // The topic does not exist and the broker does not create it (librdkafka
+                // waited topic.metadata.propagation.max.ms for it): waiting will not help.
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
                 | C::TopicAuthorizationFailed
                 | C::ClusterAuthorizationFailed,
             ) => SendError::Permanent(e.to_string()),
             _ => SendError::Retriable(e.to_string()),
         }
+    }
+
+    /// Whether `topic` exists (asking for it lets a broker with `auto.create.topics.enable`
+    /// create it); `Err` when the brokers do not answer within 10 s.
+    pub async fn topic_exists(&self, topic: &str) -> Result<bool, String> {
+        let producer = self.producer.clone();
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || {
+            let md =
+                producer.client().fetch_metadata(Some(&topic), Duration::from_secs(10)).map_err(|e| e.to_string())?;
+            Ok(match md.topics().iter().find(|t| t.name() == topic) {
+                Some(t) => t.error().is_none() && !t.partitions().is_empty(),
+                None => false,
+            })
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     /// Waits until everything handed to librdkafka is delivered (or `timeout` passes).

@@ -174,8 +174,14 @@ impl NatsSink {
         let message = PublishMessage::build().payload(payload).headers(headers).message_id(id);
         // Shared with the request (a reference count), kept for the error messages.
         let subject = async_nats::Subject::from(subject);
-        let ack = Box::pin(js.send_publish(subject.clone(), message)).await.map_err(|e| classify(&subject, e))?;
-        let ack = ack.await.map_err(|e| classify(&subject, e))?;
+        let ack = match Box::pin(js.send_publish(subject.clone(), message)).await {
+            Ok(ack) => ack,
+            Err(e) => return Err(Box::pin(classify_checked(js, &subject, e)).await),
+        };
+        let ack = match ack.await {
+            Ok(ack) => ack,
+            Err(e) => return Err(Box::pin(classify_checked(js, &subject, e)).await),
+        };
         if ack.duplicate {
             debug!(event_id = id, subject = subject.as_str(), stream = %ack.stream, "JetStream dropped a duplicate (sent before); counted as acknowledged");
         }
@@ -284,13 +290,32 @@ fn rand_fraction() -> f64 {
     f64::from(n % 1000) / 1000.0
 }
 
+/// [`classify`], and for "no stream" (no responders) asks JetStream whether a stream covers
+/// the subject: when it answers that none does, waiting will not help (permanent: the dead
+/// letter, with the reason); when it cannot answer (a server restarting), retried.
+async fn classify_checked(js: &jetstream::Context, subject: &str, e: jetstream::context::PublishError) -> SendError {
+    let first = classify(subject, e);
+    if !matches!(&first, SendError::Retriable(r) if r.starts_with(NO_STREAM)) {
+        return first;
+    }
+    match js.stream_by_subject(subject).await {
+        Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => match first {
+            SendError::Retriable(reason) => SendError::Permanent(reason),
+            other => other,
+        },
+        _ => first,
+    }
+}
+
+const NO_STREAM: &str = "no JetStream stream covers subject";
+
 fn classify(subject: &str, e: jetstream::context::PublishError) -> SendError {
     use jetstream::ErrorCode;
     match e.kind() {
         PublishErrorKind::MaxPayloadExceeded => SendError::Permanent(format!("NATS publish to {subject:?}: {e}")),
         // Retried: it can also mean JetStream is briefly unavailable (server restarting).
         PublishErrorKind::StreamNotFound => SendError::Retriable(format!(
-            "no JetStream stream covers subject {subject:?} (fix: add it to a stream's subjects, or route this resource elsewhere with `subject`)"
+            "{NO_STREAM} {subject:?} (fix: add it to a stream's subjects, or route this resource elsewhere with `subject`)"
         )),
         PublishErrorKind::Other => {
             let source = std::error::Error::source(&e);

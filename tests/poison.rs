@@ -1,0 +1,177 @@
+//! An event its destination will never take must not freeze its stream: a Kafka topic that
+//! does not exist (and is not created) and a NATS subject no JetStream stream covers are
+//! permanent failures. The event goes to the dead letter with the reason, and the stream's
+//! checkpoint moves on.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use common::{Kubecast, TestNamespace, client, create_cm};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn dead_letters(kc: &Kubecast) -> Vec<Value> {
+    std::fs::read_to_string(kc.dir.path().join("state/dead-letter.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+async fn wait_dead_letters(kc: &mut Kubecast, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let d = dead_letters(kc);
+        if d.len() >= n {
+            return d;
+        }
+        assert!(Instant::now() < deadline, "{} of {n} dead letters\n{}", d.len(), kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The checkpoint moved past the dead-lettered events: the list's end was acknowledged.
+async fn wait_checkpoint_moved(kc: &Kubecast) {
+    let deadline = Instant::now() + WAIT;
+    while !kc.checkpoints().first().is_some_and(|c| c["resource_version"].is_string()) {
+        assert!(Instant::now() < deadline, "the checkpoint never moved\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_kafka_topic_that_does_not_exist_dead_letters_instead_of_freezing_the_stream() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "poison-k").await;
+    create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    create_cm(&client, &ns.name, "b", json!({}), json!({"v": "1"})).await;
+    let topic = common::unique("missing");
+    // The broker auto-creates topics; this producer asks it not to, so the topic stays missing.
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"1000\"\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, "flush_interval_ms = 200", &[]);
+    let dead = wait_dead_letters(&mut kc, 2).await;
+    for d in &dead {
+        let reason = d["reason"].as_str().unwrap();
+        assert!(reason.to_lowercase().contains("unknown topic"), "{reason}");
+        assert_eq!(d["destination"], topic.as_str());
+        assert_eq!(d["event"]["type"], "io.kubecast.core.ConfigMap.added");
+    }
+    wait_checkpoint_moved(&kc).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
+#[tokio::test]
+async fn a_nats_subject_no_stream_covers_dead_letters_instead_of_freezing_the_stream() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "poison-n").await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("p").replace('-', "_");
+    // Covers the `default` namespace only: what kubecast's start-up check samples for a
+    // cluster-wide stream. The test's namespace is not covered.
+    js.create_stream(stream::Config {
+        name: prefix.to_uppercase(),
+        subjects: vec![format!("{prefix}.default.>")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let label = common::unique("l");
+    let config = format!(
+        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nlabel_selector = \"poison={label}\"\nsubject = \"{prefix}.{{namespace}}.{{verb}}\"\n"
+    );
+    let sink = format!("[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\n", common::env_var("NATS_URL"));
+    let mut kc = Kubecast::start_with_sink(&config, &sink, "flush_interval_ms = 200", &[]);
+    kc.wait_ready(200).await;
+    create_cm(&client, &ns.name, "a", json!({"poison": label}), json!({"v": "1"})).await;
+    let dead = wait_dead_letters(&mut kc, 1).await;
+    let reason = dead[0]["reason"].as_str().unwrap();
+    assert!(reason.contains("no JetStream stream covers subject"), "{reason}");
+    assert!(reason.contains(&format!("{prefix}.{}.added", ns.name)), "{reason}");
+    wait_checkpoint_moved(&kc).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+    let _ = js.delete_stream(prefix.to_uppercase()).await;
+}
+
+#[tokio::test]
+async fn a_dead_letter_destination_that_cannot_take_dead_letters_is_refused_at_start() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "poison-d").await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("d").replace('-', "_");
+    js.create_stream(stream::Config {
+        name: prefix.to_uppercase(),
+        subjects: vec![format!("{prefix}.>")],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let sink = format!(
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{prefix}.{{resource}}\"\n",
+        common::env_var("NATS_URL")
+    );
+    // The events' subjects are covered, the dead letter's is not.
+    let subject = format!("{}.dead", common::unique("uncovered").replace('-', "_"));
+    let checkpoint = format!("[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{subject}\"\n");
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, &checkpoint, &[]);
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success());
+    let log = kc.log();
+    assert!(log.contains("[delivery.dead_letter] destination") && log.contains(&subject), "{log}");
+    assert!(log.contains("fix:"), "{log}");
+    let _ = js.delete_stream(prefix.to_uppercase()).await;
+}
+
+/// A dead letter on NATS has a message id of its own: the event's id may already be in the
+/// stream's duplicate window (an event stored whose PubAck was lost, then given up on), and a
+/// dead letter under that id would be dropped as a duplicate yet counted as dead-lettered.
+#[tokio::test]
+async fn a_nats_dead_letter_is_not_dropped_as_a_duplicate_of_its_event() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "poison-dup").await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("q").replace('-', "_");
+    let name = prefix.to_uppercase();
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        // The dead-letter subject, and the events of `default` (what the start-up check
+        // samples); not the events of the test's namespace.
+        subjects: vec![format!("{prefix}.dead"), format!("{prefix}.ev.default.>")],
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let label = common::unique("l");
+    let cm = create_cm(&client, &ns.name, "a", json!({"poison": label}), json!({"v": "1"})).await;
+    let id = format!("{}:{}:added", cm.metadata.uid.unwrap(), cm.metadata.resource_version.unwrap());
+    // What a stored event whose PubAck was lost leaves in the window: its id.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Msg-Id", id.as_str());
+    js.publish_with_headers(format!("{prefix}.dead"), headers, "stored before".into()).await.unwrap().await.unwrap();
+
+    let config = format!(
+        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nlabel_selector = \"poison={label}\"\nsubject = \"{prefix}.ev.{{namespace}}.{{verb}}\"\n"
+    );
+    let sink = format!("[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\n", common::env_var("NATS_URL"));
+    let dead = format!("[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{prefix}.dead\"\n");
+    let mut kc = Kubecast::start_with_sink(&config, &sink, &dead, &[]);
+    kc.wait_log("writing it to the dead letter", 1).await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut s = js.get_stream(&name).await.unwrap();
+        let n = s.info().await.unwrap().state.messages;
+        if n == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{n} messages: the dead letter was dropped as a duplicate\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(kc.stop().success(), "{}", kc.log());
+    let _ = js.delete_stream(&name).await;
+}
