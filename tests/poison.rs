@@ -175,3 +175,43 @@ async fn a_nats_dead_letter_is_not_dropped_as_a_duplicate_of_its_event() {
     assert!(kc.stop().success(), "{}", kc.log());
     let _ = js.delete_stream(&name).await;
 }
+
+/// The sink cannot take events (no broker): the stream's checkpoint stops moving with events
+/// pending. kubecast reports the stall (`/readyz`, `kubecast_stream_stalled`, a log line naming
+/// the event and the reason); with `max_event_age_seconds`, the events go to the dead letter
+/// once they are older, and the stream moves again.
+#[tokio::test]
+async fn a_stalled_stream_is_reported_and_max_event_age_dead_letters_what_waited_too_long() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "poison-age").await;
+    let cm = create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    let id = format!("{}:{}:added", cm.metadata.uid.unwrap(), cm.metadata.resource_version.unwrap());
+    // Nothing listens on port 9.
+    let sink = "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"127.0.0.1:9\"\n[sink.kafka.properties]\n\"message.timeout.ms\" = \"1000\"\n";
+    let stalled = "[delivery]\nstall_after_seconds = 2\nbackoff_max_ms = 500\nshutdown_timeout_seconds = 2\n";
+    let mut kc = Kubecast::start_with_sink(
+        &common::cm_config(&ns.name, ""),
+        sink,
+        &format!("flush_interval_ms = 200\n{stalled}"),
+        &[],
+    );
+    kc.wait_ready_reason("checkpoint stalled").await;
+    let (_, body) = kc.admin_get("/readyz").await;
+    assert!(body.contains(&format!("last failed event {id}")), "{body}");
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    assert!(metrics.lines().any(|l| l.starts_with("kubecast_stream_stalled{") && l.ends_with(" 1")), "{metrics}");
+    kc.wait_log("stream stalled: its checkpoint has not moved", 1).await;
+    assert!(kc.log().contains(&format!("event_id={id}")), "{}", kc.log());
+    assert!(dead_letters(&kc).is_empty(), "no max_event_age_seconds: retried as long as it takes");
+    assert!(kc.stop().success(), "{}", kc.log());
+
+    // The same, with a deadline per event.
+    let aged = format!("flush_interval_ms = 200\n{stalled}max_event_age_seconds = 3\n");
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), sink, &aged, &[]);
+    let dead = wait_dead_letters(&mut kc, 1).await;
+    let reason = dead[0]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("not delivered within 3 s (max_event_age_seconds)"), "{reason}");
+    assert_eq!(dead[0]["event"]["id"], id.as_str());
+    wait_checkpoint_moved(&kc).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+}

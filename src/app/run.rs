@@ -61,6 +61,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     info!(streams = pipeline.streams.len(), sink = %pipeline.config.sink.kind, "kubecast running");
     let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &cancel);
+    let stall_after = pipeline.config.delivery.stall_after_seconds;
+    if stall_after > 0 {
+        tokio::spawn(supervise::watch_stalls(
+            pipeline.stream_names(),
+            pipeline.checkpoints().to_vec(),
+            pipeline.metrics().to_vec(),
+            health.clone(),
+            std::time::Duration::from_secs(stall_after),
+            cancel.clone(),
+        ));
+    }
 
     let mut outcome = supervise::Outcome::default();
     let queue_done = supervise::until_stopped(&mut streams, &mut downstream.queue, &cancel, &mut outcome).await;

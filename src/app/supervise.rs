@@ -10,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::observe::health::Health;
+use crate::observe::metrics::StreamMetrics;
+use crate::state::watermark::StreamCheckpoint;
 
 use super::error::RunError;
 use crate::delivery::queue::DeliveryError;
@@ -95,6 +97,63 @@ pub async fn probe_apiserver(client: kube::Client, url: String, health: Arc<Heal
                     reported = Some(std::time::Instant::now());
                 }
                 health.set_apiserver_unreachable(Some(reason));
+            }
+        }
+    }
+}
+
+/// Reports streams whose checkpoint has not moved for `stall_after` while they have items
+/// pending (shaped, not acknowledged): `/readyz` names the stream, the last failed event and
+/// its reason, `kubecast_stream_stalled` is 1, and a warning says the same (then once a
+/// minute while it lasts).
+pub async fn watch_stalls(
+    names: Vec<String>,
+    checkpoints: Vec<Arc<StreamCheckpoint>>,
+    metrics: Vec<Arc<StreamMetrics>>,
+    health: Arc<Health>,
+    stall_after: Duration,
+    cancel: CancellationToken,
+) {
+    let now = std::time::Instant::now();
+    let mut last = vec![(u64::MAX, now, None::<std::time::Instant>); checkpoints.len()];
+    let mut tick = tokio::time::interval((stall_after / 4).clamp(Duration::from_millis(200), Duration::from_secs(5)));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        for (i, cp) in checkpoints.iter().enumerate() {
+            let (acked, moved_at, reported) = &mut last[i];
+            let now_acked = cp.acked_items();
+            if now_acked != *acked {
+                (*acked, *moved_at) = (now_acked, std::time::Instant::now());
+            }
+            let pending = metrics[i].read.load(std::sync::atomic::Ordering::Relaxed) > now_acked;
+            let stalled_for = moved_at.elapsed();
+            let gauge = crate::observe::metrics::get().stream_stalled.get_or_create(&metrics[i].stream).clone();
+            if pending && stalled_for >= stall_after {
+                let (event_id, why) = metrics[i].last_failure().unwrap_or_else(|| {
+                    (
+                        "?".into(),
+                        "no send failed yet: the sink is slow or the event waits behind its object's earlier one"
+                            .into(),
+                    )
+                });
+                let reason = format!(
+                    "stream {}: checkpoint stalled for {} s behind items not yet delivered (last failed event {event_id}: {why})",
+                    names[i],
+                    stalled_for.as_secs()
+                );
+                if reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(60)) {
+                    warn!(stream = %names[i], stalled_seconds = stalled_for.as_secs(), event_id = %event_id, reason = %why, "stream stalled: its checkpoint has not moved while events are pending");
+                    *reported = Some(std::time::Instant::now());
+                }
+                gauge.set(1);
+                health.set_stalled(i, Some(reason));
+            } else if reported.take().is_some() || gauge.get() != 0 {
+                info!(stream = %names[i], "stream moves again");
+                gauge.set(0);
+                health.set_stalled(i, None);
             }
         }
     }

@@ -77,6 +77,11 @@ impl Pipeline {
         &self.checkpoints
     }
 
+    /// Per stream, as [`Pipeline::checkpoints`].
+    pub fn metrics(&self) -> &[Arc<StreamMetrics>] {
+        &self.metrics
+    }
+
     /// One reflector per stream, each starting from its loaded position and sending its items
     /// to `items`.
     pub fn reflectors(

@@ -25,6 +25,14 @@ pub struct DeliveryConfig {
     /// Attempts per event before it goes to the dead letter; 0 = retry forever.
     #[serde(default)]
     pub max_attempts: u32,
+    /// An event not delivered this many seconds after kubecast observed it goes to the dead
+    /// letter (checked between retries); 0 = no limit.
+    #[serde(default)]
+    pub max_event_age_seconds: u64,
+    /// A stream whose checkpoint has not moved for this long while it has events pending is
+    /// reported as stalled (`/readyz`, `kubecast_stream_stalled`, a log line); 0 = never.
+    #[serde(default = "d_stall_after")]
+    pub stall_after_seconds: u64,
     /// Backoff between attempts: jittered exponential from this ...
     #[serde(default = "d_backoff_min_ms")]
     pub backoff_min_ms: u64,
@@ -46,6 +54,8 @@ impl Default for DeliveryConfig {
             rate_per_second: 0,
             burst: 0,
             max_attempts: 0,
+            max_event_age_seconds: 0,
+            stall_after_seconds: d_stall_after(),
             backoff_min_ms: d_backoff_min_ms(),
             backoff_max_ms: d_backoff_max_ms(),
             shutdown_timeout_seconds: d_shutdown_timeout(),
@@ -59,6 +69,9 @@ fn d_queue_capacity() -> usize {
 }
 fn d_max_in_flight() -> usize {
     1000
+}
+fn d_stall_after() -> u64 {
+    60
 }
 fn d_backoff_min_ms() -> u64 {
     100

@@ -94,7 +94,11 @@ impl Queue {
             if !input_open && held == 0 {
                 return Ok(());
             }
-            if held >= self.capacity {
+            // Acknowledgements held behind an event still in flight (its stream's watermark
+            // cannot apply them) are bounded too: past `capacity` in one stream, no more jobs
+            // are taken until it delivers (backpressure, reported as a stall).
+            let behind = self.checkpoints.iter().any(|c| c.waiting() >= self.capacity);
+            if held >= self.capacity || behind {
                 accepting = false;
             } else if held + batch_size <= self.capacity {
                 accepting = true;
@@ -251,8 +255,15 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
                 dead();
                 break Ok(Some(reason));
             }
-            Err(SendError::Retriable(reason)) if !retry.may_retry(attempt) => {
-                let reason = format!("gave up after {attempt} attempts: {reason}");
+            Err(SendError::Retriable(reason))
+                if !retry.may_retry(attempt) || retry.too_old(msg.event.attributes.time()) =>
+            {
+                let reason = if retry.may_retry(attempt) {
+                    let max = retry.max_age.unwrap_or_default().as_secs();
+                    format!("not delivered within {max} s (max_event_age_seconds) after {attempt} attempts: {reason}")
+                } else {
+                    format!("gave up after {attempt} attempts: {reason}")
+                };
                 if let Err(e) = dead_letter.put(sink, msg, &reason).await {
                     break Err(e.into());
                 }
@@ -261,6 +272,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             }
             Err(SendError::Retriable(reason)) => {
                 metrics.retries.inc();
+                metrics.note_failure(msg.event.id(), &reason);
                 if attempt == 1 || attempt % 10 == 0 {
                     warn!(event_id = %msg.event.id(), trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }

@@ -20,16 +20,25 @@ pub struct Health {
     shutting_down: AtomicBool,
     /// Why the apiserver cannot be reached, while it cannot (names its address).
     apiserver: Mutex<Option<String>>,
+    /// Per stream: why its checkpoint is stalled, while it is.
+    stalls: Mutex<Vec<Option<String>>>,
 }
 
 impl Health {
     pub fn new(stream_names: Vec<String>, sink_connected: Arc<AtomicBool>) -> Arc<Self> {
+        let stalls = Mutex::new(vec![None; stream_names.len()]);
         Arc::new(Self {
+            stalls,
             streams: stream_names.into_iter().map(|n| (n, AtomicU8::new(StreamPhase::Starting as u8))).collect(),
             sink_connected,
             shutting_down: AtomicBool::new(false),
             apiserver: Mutex::new(None),
         })
+    }
+
+    /// `Some(reason)`: the stream's checkpoint is stalled; `None`: it moves.
+    pub fn set_stalled(&self, stream: usize, reason: Option<String>) {
+        self.stalls.lock().expect("health lock")[stream] = reason;
     }
 
     /// `Some(reason)`: the apiserver cannot be reached; `None`: it answers.
@@ -65,6 +74,7 @@ impl Health {
                 _ => {}
             }
         }
+        out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
         if let Some(reason) = self.apiserver.lock().expect("health lock").as_ref() {
             out.push(reason.clone());
         }

@@ -66,6 +66,7 @@ pub struct Metrics {
     pub publish_latency: Histogram,
     pub checkpoint_age: Family<Stream, Gauge<f64, AtomicU64>>,
     pub checkpoint_lag: Family<Stream, Gauge>,
+    pub stream_stalled: Family<Stream, Gauge>,
     pub relists: Family<Stream, Counter>,
     pub gone: Family<Stream, Counter>,
     pub resync_events: Family<Stream, Counter>,
@@ -92,6 +93,7 @@ impl Metrics {
             publish_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             checkpoint_age: Family::default(),
             checkpoint_lag: Family::default(),
+            stream_stalled: Family::default(),
             relists: Family::default(),
             gone: Family::default(),
             resync_events: Family::default(),
@@ -134,6 +136,11 @@ impl Metrics {
             "checkpoint_lag",
             "Items of the stream read but not yet acknowledged (what a crash would re-send)",
             m.checkpoint_lag.clone(),
+        );
+        r.register(
+            "stream_stalled",
+            "1 while the stream's checkpoint has not moved for [delivery] stall_after_seconds with items pending",
+            m.stream_stalled.clone(),
         );
         r.register(
             "relists",
@@ -186,6 +193,8 @@ pub struct StreamMetrics {
     pub retries: Counter,
     /// Items the reflector emitted (for the checkpoint lag).
     pub read: AtomicU64,
+    /// The last failed send of the stream: (event id, reason), for stall reports.
+    last_failure: std::sync::Mutex<Option<(String, String)>>,
 }
 
 impl StreamMetrics {
@@ -210,10 +219,21 @@ impl StreamMetrics {
             }),
             retries: m.retries.get_or_create(&resource(group, kind)).clone(),
             read: AtomicU64::new(0),
+            last_failure: std::sync::Mutex::new(None),
         }
     }
 
     /// A change not sent, and why (one of [`FILTER_REASONS`]).
+    /// Records a failed send (the failure path only).
+    pub fn note_failure(&self, event_id: &str, reason: &str) {
+        *self.last_failure.lock().expect("metrics lock") = Some((event_id.to_string(), reason.to_string()));
+    }
+
+    /// The last failed send: (event id, reason).
+    pub fn last_failure(&self) -> Option<(String, String)> {
+        self.last_failure.lock().expect("metrics lock").clone()
+    }
+
     pub fn filtered(&self, verb: Verb, reason: &'static str) {
         let r = FILTER_REASONS.iter().position(|x| *x == reason).expect("a known filter reason");
         self.filtered[verb.index()][r].inc();

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::store::{CheckpointError, CheckpointStore, StreamKey};
 use crate::model::{Effect, Position};
@@ -65,6 +66,9 @@ pub struct StreamCheckpoint {
     pub key: StreamKey,
     store: CheckpointStore,
     watermark: Mutex<Watermark>,
+    /// Acknowledged items waiting behind an unacknowledged one, readable without the lock
+    /// (the queue stops taking jobs while a stream has too many: backpressure, not growth).
+    waiting: AtomicUsize,
 }
 
 impl StreamCheckpoint {
@@ -72,11 +76,18 @@ impl StreamCheckpoint {
     pub fn load(store: CheckpointStore, key: StreamKey) -> Result<(Self, Option<Position>), CheckpointError> {
         let loaded = store.load(&key)?;
         let wm = Watermark::new(loaded.clone().unwrap_or_default());
-        Ok((Self { key, store, watermark: Mutex::new(wm) }, loaded))
+        Ok((Self { key, store, watermark: Mutex::new(wm), waiting: AtomicUsize::new(0) }, loaded))
     }
 
     pub fn ack(&self, seq: u64, effect: Effect) {
-        self.watermark.lock().expect("watermark lock").ack(seq, effect);
+        let mut wm = self.watermark.lock().expect("watermark lock");
+        wm.ack(seq, effect);
+        self.waiting.store(wm.waiting(), Ordering::Relaxed);
+    }
+
+    /// Acknowledged items waiting behind an unacknowledged one (kept out of the position).
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Writes the committed checkpoint if it changed since the last write.

@@ -365,3 +365,37 @@ async fn a_fatal_send_error_ends_the_queue() {
     assert!(h.dead_letters().is_empty());
     drop(tx);
 }
+
+/// One event held in flight while the stream's later events are all accepted: their
+/// acknowledgements wait in the watermark behind it. Past `capacity` of those, the queue takes
+/// no more jobs (backpressure), instead of letting the watermark grow without bound; once the
+/// held event is accepted, everything goes on.
+#[tokio::test(start_paused = true)]
+async fn acknowledgements_held_behind_a_stuck_event_are_bounded() {
+    let h = Harness::new(&config(8, 64), "WatermarkBound");
+    let stuck = h.stub.hold(&id("stuck", 1));
+    let (tx, run) = h.start(4);
+    let sent = Arc::new(AtomicUsize::new(0));
+    let producer = tokio::spawn({
+        let sent = sent.clone();
+        async move {
+            tx.send(job(0, "stuck", 1)).await.unwrap();
+            sent.fetch_add(1, Ordering::SeqCst);
+            for n in 1..100u64 {
+                tx.send(job(n, &format!("o{n}"), n + 1)).await.unwrap();
+                sent.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    h.stub.wait_until(|log| log.iter().filter(|r| r.step == Step::Finished(Ok(()))).count() >= 8).await;
+    settle().await;
+    let accepted = h.stub.accepted().len();
+    assert!((8..=16).contains(&accepted), "it stops soon after 8 held acknowledgements: {accepted} accepted");
+    assert!(sent.load(Ordering::SeqCst) < 40, "and takes no more jobs: {} sent", sent.load(Ordering::SeqCst));
+    assert_eq!(h.committed().resource_version, None, "nothing passes the stuck event");
+    stuck.send(Ok(())).unwrap();
+    producer.await.unwrap();
+    run.await.unwrap().expect("delivered");
+    assert_eq!(h.acked_events(), 100);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("100"));
+}
