@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use kube::api::{ListParams, WatchEvent};
+use kube::core::Status;
 use tracing::{info, warn};
 
 use super::diff;
@@ -144,13 +145,9 @@ impl Reflector {
         let api = self.target().api.clone();
         let mut token: Option<String> = None;
         loop {
-            let mut lp = ListParams::default().limit(self.spec.page_size);
-            if !self.spec.label_selector.is_empty() {
-                lp = lp.labels(&self.spec.label_selector);
-            }
-            if !self.spec.field_selector.is_empty() {
-                lp = lp.fields(&self.spec.field_selector);
-            }
+            let (label_selector, field_selector) = self.spec.selectors();
+            let mut lp =
+                ListParams { label_selector, field_selector, ..ListParams::default().limit(self.spec.page_size) };
             if let Some(t) = &token {
                 lp = lp.continue_token(t);
             }
@@ -191,10 +188,8 @@ impl Reflector {
         self.spec.limiter.until_ready().await;
         let stream = match crate::source::watch::start(&self.target().api, &wp, "").await {
             Ok(s) => s,
-            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
-                info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
-                self.streaming = Some(false);
-                return Ok(Ok(State::Listing { origin: list.origin }));
+            Err(kube::Error::Api(s)) if rejects_streaming(&s) => {
+                return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
             }
             Err(e) => return Ok(Ok(self.after_list_error(e, list.origin)?)),
         };
@@ -233,16 +228,43 @@ impl Reflector {
                     warn!(stream = %self.spec.name, "DELETED during a streaming list's initial state; listing again");
                     return Ok(Ok(State::Listing { origin: list.origin }));
                 }
-                WatchEvent::Error(s) if s.code == 422 || s.code == 400 => {
-                    info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
-                    self.streaming = Some(false);
-                    return Ok(Ok(State::Listing { origin: list.origin }));
+                WatchEvent::Error(s) if rejects_streaming(&s) => {
+                    return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
                 }
                 WatchEvent::Error(s) => {
                     warn!(stream = %self.spec.name, code = s.code, message = %s.message, "streaming list error; listing again after backoff");
                     return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: list.origin }) }));
                 }
             }
+        }
+    }
+
+    /// The apiserver rejected a streaming list (see [`rejects_streaming`]): the stream uses
+    /// paginated lists from now on, starting with this one.
+    fn streaming_unavailable(&mut self, s: &Status, origin: Origin) -> State {
+        info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
+        self.streaming = Some(false);
+        State::Listing { origin }
+    }
+}
+
+/// A streaming list answered 422 or 400, as the response's status or as an ERROR event in
+/// its stream: the apiserver does not offer streaming lists (WatchList gate off, e.g. 1.33).
+fn rejects_streaming(s: &Status) -> bool {
+    s.code == 422 || s.code == 400
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_lists_are_unavailable_on_422_and_400_only() {
+        let status = |code| Status::failure("no", "Invalid").with_code(code);
+        assert!(rejects_streaming(&status(422)));
+        assert!(rejects_streaming(&status(400)));
+        for code in [403, 404, 410, 429, 500, 504] {
+            assert!(!rejects_streaming(&status(code)), "{code}");
         }
     }
 }

@@ -78,3 +78,12 @@ pub enum ReflectorError {
     #[error("resources[{index}] ({stream}): {message}")]
     Kind { index: usize, stream: String, message: String },
 }
+
+impl StreamSpec {
+    /// The label and field selectors as the list and the watch requests take them (`None`:
+    /// not set): both requests select the same objects.
+    pub(super) fn selectors(&self) -> (Option<String>, Option<String>) {
+        let set = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        (set(&self.label_selector), set(&self.field_selector))
+    }
+}

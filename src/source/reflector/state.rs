@@ -146,14 +146,12 @@ impl Reflector {
 
     /// The parameters of a watch request (and of a streaming list, which is one).
     pub(super) fn watch_params(&self) -> WatchParams {
-        let mut wp = WatchParams::default().timeout(self.spec.watch_timeout_seconds);
-        if !self.spec.label_selector.is_empty() {
-            wp = wp.labels(&self.spec.label_selector);
+        let (label_selector, field_selector) = self.spec.selectors();
+        WatchParams {
+            label_selector,
+            field_selector,
+            ..WatchParams::default().timeout(self.spec.watch_timeout_seconds)
         }
-        if !self.spec.field_selector.is_empty() {
-            wp = wp.fields(&self.spec.field_selector);
-        }
-        wp
     }
 
     /// How long a watch may stay silent before it is given up (no read timeout in the client).
