@@ -5,14 +5,14 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::{ListParams, WatchEvent};
 use kube::core::Status;
 use tracing::{info, warn};
 
 use super::diff;
 use super::spec::{Initial, ReflectorError};
-use super::state::{Closed, Reflector, State, is_gone};
+use super::state::{Closed, OpenWatch, Reflector, State, is_gone};
 use crate::model::{Effect, IndexOp, Origin, RawObject, Verb};
 
 /// Annotation of the bookmark that ends a streaming list's initial state.
@@ -61,7 +61,7 @@ impl Reflector {
         if self.finish_diff(list, list_rv.clone(), started, "paginated").await.is_err() {
             return Ok(Err(Closed));
         }
-        Ok(Ok(State::Watching { rv: list_rv }))
+        Ok(Ok(State::Watching { rv: list_rv, open: None }))
     }
 
     /// Diffs one listed object against the index and emits its change, if any.
@@ -187,13 +187,13 @@ impl Reflector {
         wp.send_initial_events = true;
         self.spec.limiter.until_ready().await;
         let stream = match crate::source::watch::start(&self.target().api, &wp, "").await {
-            Ok(s) => s,
+            Ok(s) => s.boxed(),
             Err(kube::Error::Api(s)) if rejects_streaming(&s) => {
                 return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
             }
             Err(e) => return Ok(Ok(self.after_list_error(e, list.origin)?)),
         };
-        let mut stream = std::pin::pin!(stream);
+        let mut stream = stream;
         let idle = self.idle_timeout();
         loop {
             let event = match tokio::time::timeout(idle, stream.try_next()).await {
@@ -221,7 +221,9 @@ impl Reflector {
                     if self.finish_diff(list, rv.clone(), started, "streaming").await.is_err() {
                         return Ok(Err(Closed));
                     }
-                    return self.consume_watch(stream, rv, Instant::now(), None).await;
+                    // The same connection goes on as the watch from the list's rv.
+                    let open = OpenWatch { events: stream, since: Instant::now() };
+                    return Ok(Ok(State::Watching { rv, open: Some(open) }));
                 }
                 WatchEvent::Bookmark(_) => {}
                 WatchEvent::Deleted(_) => {

@@ -4,16 +4,20 @@
 //! (it relists and diffs against the index of what it delivered).
 //!
 //! ```text
-//!   Discover --kind served--> (checkpoint has rv?) --yes--> Watching { rv }
+//!   Discover --kind served--> (checkpoint has rv?) --yes--> Watching { rv, open: None }
 //!      ^  |                          |no
 //!      |  +--not served--> WaitForKind --backoff--> Discover
 //!      |                             v
-//!      |                   Listing { origin } --list done, diffed--> Watching { list rv }
-//!      |                        ^                                       |  |  |
-//!      +--- kind gone (404) ----|---------------------------------------+  |  |
-//!                               +--- 410 Gone / too large rv --------------+  |
-//!                                      (in-stream ERROR or HTTP status)       |
-//!           Backoff { then } <--- other errors (429, refused, 5xx...) ---------+
+//!      |                   Listing { origin } --paginated list done, diffed--> Watching { list rv, open: None }
+//!      |                        ^  |
+//!      |                        |  +--streaming list's initial state done--> Watching { list rv, open: Some }
+//!      |                        |     (diffed; its connection goes on)
+//!      |                        |                                                     any Watching
+//!      |                        |   closed or idle: Watching { last rv, open: None } <--+  |  |  |
+//!      +--- kind gone (404) ----|----------------------------------------------------------+  |  |
+//!                               +--- 410 Gone / too large rv ---------------------------------+  |
+//!                                      (in-stream ERROR or HTTP status)                          |
+//!           Backoff { then } <--- other errors (429, refused, 5xx...) ---------------------------+
 //! ```
 //!
 //! * `Discover` resolves the kind by discovery. Not served: `WaitForKind` (rediscovers with
@@ -21,20 +25,23 @@
 //! * `Listing` reads the current state with a consistent read: a streaming list
 //!   (`watch?sendInitialEvents=true&resourceVersionMatch=NotOlderThan`, whose initial state
 //!   ends with a bookmark annotated `k8s.io/initial-events-end`, after which the same
-//!   connection goes on as the watch), or, where the apiserver rejects that (WatchList gate
-//!   off, e.g. 1.33), a paginated LIST (resourceVersion unset, `limit = page_size`; an expired
-//!   continue token restarts the list, because the token offered with the 410 gives an
-//!   inconsistent list). Objects are diffed one by one as they arrive (never all held at
-//!   once) against the index: new uid -> `added`, changed
-//!   resourceVersion -> `modified`, uid missing from the list -> `deleted` with the last known
-//!   uid, namespace, name and resourceVersion, unchanged -> nothing. `origin` is `snapshot`
-//!   until the stream's first list was acknowledged, `resync` after. With `initial = "now"`
-//!   the first list emits nothing. The list ends with an item that sets the checkpoint to the
-//!   *list's* resourceVersion and the new index.
-//! * `Watching` streams `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=..`;
-//!   starting from a checkpoint's rv this replays exactly the changes after it. Each event and
-//!   bookmark moves `rv`. The client has no read timeout, so each `next()` is bounded by an idle
-//!   timeout; a closed or idle stream re-watches the same rv at once (no relist).
+//!   connection goes on as the watch: it is handed over as `Watching { list rv, open: Some }`),
+//!   or, where the apiserver rejects that (WatchList gate off, e.g. 1.33; then for good), a
+//!   paginated LIST (resourceVersion unset, `limit = page_size`; an expired continue token
+//!   restarts the list, because the token offered with the 410 gives an inconsistent list),
+//!   followed by `Watching { list rv, open: None }`. Objects are diffed one by one as they
+//!   arrive (never all held at once) against the index (`diff.rs`): new uid -> `added`,
+//!   changed resourceVersion -> `modified`, uid missing from the list -> `deleted` with the
+//!   last known uid, namespace, name and resourceVersion, unchanged -> nothing. `origin` is
+//!   `snapshot` until the stream's first list was acknowledged, `resync` after. With
+//!   `initial = "now"` the first list emits nothing. The list ends with an item that sets the
+//!   checkpoint to the *list's* resourceVersion and the new index.
+//! * `Watching { rv, open: None }` streams
+//!   `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=..`; starting from a
+//!   checkpoint's rv this replays exactly the changes after it. `Watching { rv, open: Some }`
+//!   reads on the connection a streaming list handed over, without a new request. Each event
+//!   and bookmark moves `rv`. The client has no read timeout, so each `next()` is bounded by
+//!   an idle timeout; a closed or idle stream re-watches the same rv at once (no relist).
 //! * `Backoff` sleeps a jittered exponential delay (0.8 s .. 30 s, reset after a watch that
 //!   stayed healthy for 2 minutes), then goes to `then`. 429 and refused connections re-watch
 //!   the same rv: no relist.
@@ -45,9 +52,13 @@
 //!   stream stays not ready until the relist-diff that follows is done.
 //!
 //! Every emitted [`Item`] carries a stream-local sequence number and its effect on the
-//! checkpoint; see `ack.rs` for how acknowledgements turn into checkpoints. Fatal (the stream
-//! returns an error): the resource is forbidden (403) on the first list, or is missing with
-//! `missing_kind = "fail"`, or `namespaces` is set for a cluster-scoped kind.
+//! checkpoint; see `src/state/watermark.rs` for how acknowledgements turn into checkpoints.
+//! Fatal (the stream returns an error): the resource is forbidden (403) on the first list, or
+//! is missing with `missing_kind = "fail"`, or `namespaces` is set for a cluster-scoped kind.
+//!
+//! The files: `spec` (what a stream watches and emits, its error), `state` (the `State`s
+//! and the [`Reflector`] that carries them), `diff` (the decisions, as pure functions),
+//! `list` (`Listing`), `watching` (`Watching`); here: `run`, `step` and `Discover`.
 
 mod diff;
 mod list;
@@ -88,6 +99,28 @@ impl Reflector {
         }
     }
 
+    /// One state of the machine, to the next. Every transition is taken here or in the
+    /// function named:
+    ///
+    /// * `Discover` (`discover`): the kind is served -> `Watching { checkpoint rv }` when
+    ///   resuming, else `Listing`; not served -> `WaitForKind` (fatal with
+    ///   `missing_kind = "fail"`); discovery failed -> `Backoff { Discover }`; not listable or
+    ///   watchable, or `namespaces` set for a cluster-scoped kind -> fatal.
+    /// * `WaitForKind`: -> `Discover` after a backoff delay.
+    /// * `Listing` (`list_and_diff`): a streaming list whose initial state is complete and
+    ///   diffed -> `Watching { list rv, open: Some(its connection) }`; a paginated list
+    ///   complete and diffed -> `Watching { list rv, open: None }`; streaming lists rejected
+    ///   (422/400) -> `Listing` (paginated from now on); a streaming list that ended early or
+    ///   sent DELETED -> `Listing`; another error -> `Backoff { Listing }`, or `WaitForKind`
+    ///   (404), or fatal (403 before the first list completed).
+    /// * `Watching { open: None }` (`watch`) starts a watch request from `rv`; `Watching {
+    ///   open: Some }` (`read_on`) reads on the streaming list's connection. Both read it
+    ///   (`consume_watch`) until: closed or idle -> `Watching { last rv, open: None }`; 410 Gone
+    ///   or too large rv -> `Listing`; 404 to the request -> `WaitForKind`; another error ->
+    ///   `Backoff { Watching { last rv, open: None } }`.
+    /// * `Backoff { then }`: -> `then` after a backoff delay.
+    ///
+    /// `Err(Closed)`: the pipeline is gone; `Err(ReflectorError)`: fatal.
     async fn step(&mut self, state: State) -> Result<Result<State, Closed>, ReflectorError> {
         match state {
             State::Discover => self.discover().await.map(Ok),
@@ -96,7 +129,8 @@ impl Reflector {
                 Ok(Ok(State::Discover))
             }
             State::Listing { origin } => self.list_and_diff(origin).await,
-            State::Watching { rv } => self.watch(rv).await,
+            State::Watching { rv, open: None } => self.watch(rv).await,
+            State::Watching { rv, open: Some(open) } => self.read_on(rv, open).await,
             State::Backoff { then } => {
                 tokio::time::sleep(self.next_delay()).await;
                 Ok(Ok(*then))
@@ -146,7 +180,7 @@ impl Reflector {
         Ok(match self.resume.take() {
             Some(rv) => {
                 info!(stream = %self.spec.name, resource_version = %rv, objects = self.index.len(), "resuming from checkpoint");
-                State::Watching { rv }
+                State::Watching { rv, open: None }
             }
             // A known kind that came back (CRD re-created), or a first start.
             None => State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } },

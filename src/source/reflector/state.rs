@@ -4,11 +4,13 @@
 //! few things every state uses (emitting an item, readiness, the idle timeout).
 
 use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
-use kube::api::{Api, WatchParams};
+use futures::stream::BoxStream;
+use kube::api::{Api, WatchEvent, WatchParams};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
@@ -19,14 +21,38 @@ use crate::observe::health::StreamPhase;
 /// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
 const IDLE_MARGIN: Duration = Duration::from_secs(5);
 
-/// The states of one stream; see the module documentation for the transitions.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The states of one stream; see the module documentation for the transitions, and
+/// `step` in `mod.rs` for where each one is taken.
+#[derive(Debug)]
 pub(super) enum State {
+    /// Resolve the kind by discovery.
     Discover,
+    /// The kind is not served: discover again after a backoff delay.
     WaitForKind,
+    /// List the current objects and diff them against the index.
     Listing { origin: Origin },
-    Watching { rv: String },
+    /// Read a watch from `rv`: a new watch request (`open: None`), or the connection of a
+    /// streaming list whose initial state is complete (`open: Some`), read on as the watch.
+    Watching { rv: String, open: Option<OpenWatch> },
+    /// Sleep a backoff delay, then go to `then`.
     Backoff { then: Box<State> },
+}
+
+/// The events of a watch connection.
+pub(super) type Events = BoxStream<'static, Result<WatchEvent<RawObject>, kube::Error>>;
+
+/// A watch connection still open: a streaming list hands its connection over to `Watching`
+/// once its initial state is complete.
+pub(super) struct OpenWatch {
+    pub(super) events: Events,
+    /// When it was handed over (a watch that stays healthy long enough resets the backoff).
+    pub(super) since: Instant,
+}
+
+impl fmt::Debug for OpenWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<open>")
+    }
 }
 
 /// Resolved once the kind is served.

@@ -1,6 +1,7 @@
 //! The `Watching` state: a watch from a resourceVersion, read event by event until it ends,
 //! goes idle, fails or says 410 Gone (see [`super::diff::watched`] for what an event does).
 
+use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
@@ -9,7 +10,7 @@ use tracing::{debug, info, warn};
 
 use super::diff;
 use super::spec::ReflectorError;
-use super::state::{Closed, Reflector, State, is_gone, new_backoff};
+use super::state::{Closed, OpenWatch, Reflector, State, is_gone, new_backoff};
 use crate::model::{Effect, Origin, RawObject, Verb};
 
 /// A watch that lived this long resets the backoff.
@@ -37,7 +38,7 @@ impl Reflector {
             }
             Err(e) => {
                 warn!(stream = %self.spec.name, error = %e, "watch request failed; re-watching after backoff");
-                return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
+                return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
             }
         };
         // Resumed (a checkpoint or an earlier list) but not yet synced in this process: ready
@@ -46,10 +47,22 @@ impl Reflector {
         self.consume_watch(std::pin::pin!(stream), rv, started, confirm).await
     }
 
+    /// Reads on the connection a streaming list handed over once its initial state was
+    /// complete: no new request (not counted as a watch restart), and the list made the
+    /// stream ready already.
+    pub(super) async fn read_on(
+        &mut self,
+        rv: String,
+        open: OpenWatch,
+    ) -> Result<Result<State, Closed>, ReflectorError> {
+        let OpenWatch { mut events, since } = open;
+        self.consume_watch(Pin::new(&mut events), rv, since, None).await
+    }
+
     /// Reads watch events until the stream ends, fails, goes idle or says 410.
     pub(super) async fn consume_watch<S>(
         &mut self,
-        mut stream: std::pin::Pin<&mut S>,
+        mut stream: Pin<&mut S>,
         mut rv: String,
         started: Instant,
         mut confirm: Option<tokio::time::Instant>,
@@ -86,7 +99,7 @@ impl Reflector {
                 Ok(Ok(None)) => break,
                 Ok(Err(e)) => {
                     warn!(stream = %self.spec.name, error = %e, "watch stream failed; re-watching after backoff");
-                    return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
                 }
                 Ok(Ok(Some(ev))) => ev,
             };
@@ -106,7 +119,7 @@ impl Reflector {
                 }
                 WatchEvent::Error(s) => {
                     warn!(stream = %self.spec.name, code = s.code, reason = %s.reason, message = %s.message, "watch error event; re-watching after backoff");
-                    return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv }) }));
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
                 }
             };
             let Some((uid, entry)) = diff::index_entry(&obj.metadata) else {
@@ -126,7 +139,7 @@ impl Reflector {
         if started.elapsed() >= HEALTHY_AFTER {
             self.backoff = new_backoff();
         }
-        Ok(Ok(State::Watching { rv }))
+        Ok(Ok(State::Watching { rv, open: None }))
     }
 
     /// 410 Gone (or a too large resourceVersion): the watch cannot resume; list and diff.
