@@ -176,8 +176,8 @@ impl Reflector {
 
     /// A streaming list (`sendInitialEvents`, consistent read): the current objects arrive as
     /// ADDED events, then a bookmark marks the end of the initial state; the same connection
-    /// then goes on as a normal watch. A server that rejects it switches the stream to
-    /// paginated lists for good.
+    /// then goes on as a normal watch: it is handed over as `Watching { list rv, open: Some }`.
+    /// A server that rejects it switches the stream to paginated lists for good.
     async fn streaming_list(
         &mut self,
         mut list: ListDiff,
@@ -186,14 +186,14 @@ impl Reflector {
         let mut wp = self.watch_params();
         wp.send_initial_events = true;
         self.spec.limiter.until_ready().await;
-        let stream = match crate::source::watch::start(&self.target().api, &wp, "").await {
+        // Boxed: the connection outlives this step when it is handed over to `Watching`.
+        let mut stream = match crate::source::watch::start(&self.target().api, &wp, "").await {
             Ok(s) => s.boxed(),
             Err(kube::Error::Api(s)) if rejects_streaming(&s) => {
                 return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
             }
             Err(e) => return Ok(Ok(self.after_list_error(e, list.origin)?)),
         };
-        let mut stream = stream;
         let idle = self.idle_timeout();
         loop {
             let event = match tokio::time::timeout(idle, stream.try_next()).await {

@@ -21,6 +21,7 @@ const HEALTHY_AFTER: Duration = Duration::from_secs(120);
 const RESUME_CONFIRM: Duration = Duration::from_secs(1);
 
 impl Reflector {
+    /// `Watching { rv, open: None }`: a new watch request from `rv`, read until it ends.
     pub(super) async fn watch(&mut self, rv: String) -> Result<Result<State, Closed>, ReflectorError> {
         if self.metrics.watched_once {
             self.metrics.watch_restarts.inc();
@@ -47,7 +48,7 @@ impl Reflector {
         self.consume_watch(std::pin::pin!(stream), rv, started, confirm).await
     }
 
-    /// Reads on the connection a streaming list handed over once its initial state was
+    /// `Watching { rv, open: Some }`: reads on the connection a streaming list handed over once its initial state was
     /// complete: no new request (not counted as a watch restart), and the list made the
     /// stream ready already.
     pub(super) async fn read_on(
