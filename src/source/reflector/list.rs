@@ -1,0 +1,272 @@
+//! The `Listing` state: a consistent read of the current objects, diffed object by object
+//! against the index as they arrive (see [`super::diff`] for the decisions), by a streaming
+//! list where the apiserver offers one, else by a paginated LIST.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{ListParams, WatchEvent};
+use kube::core::Status;
+use tracing::{info, warn};
+
+use super::diff;
+use super::spec::{Initial, ReflectorError};
+use super::state::{Closed, OpenWatch, Reflector, State, is_gone};
+use crate::model::{Effect, IndexOp, Origin, RawObject, Verb};
+
+/// Annotation of the bookmark that ends a streaming list's initial state.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+/// How often a long list logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
+
+/// The progress of one list (paginated or streaming) being diffed against the index.
+struct ListDiff {
+    origin: Origin,
+    /// `initial = "now"` on the first list: index, but emit nothing.
+    silent: bool,
+    /// Uids the list contained so far.
+    seen: HashSet<String>,
+    emitted: usize,
+    started: Instant,
+    /// When progress was last logged.
+    reported: Instant,
+}
+
+impl Reflector {
+    pub(super) async fn list_and_diff(&mut self, origin: Origin) -> Result<Result<State, Closed>, ReflectorError> {
+        let started = Instant::now();
+        let mut list = ListDiff {
+            origin,
+            silent: !self.listed_once && self.spec.initial == Initial::Now,
+            seen: HashSet::new(),
+            emitted: 0,
+            started,
+            reported: started,
+        };
+        if self.listed_once {
+            self.metrics.relists.inc();
+        }
+        // A list diffs against the index; changes delivered before a restart are no longer
+        // replayed one by one.
+        self.acked_ahead.clear();
+        if self.streaming != Some(false) {
+            return self.streaming_list(list, started).await;
+        }
+        let list_rv = match self.paginated_list(&mut list).await {
+            Ok(Ok(rv)) => rv,
+            Ok(Err(Closed)) => return Ok(Err(Closed)),
+            Err(e) => return Ok(Ok(self.after_list_error(e, origin)?)),
+        };
+        if self.finish_diff(list, list_rv.clone(), started, "paginated").await.is_err() {
+            return Ok(Err(Closed));
+        }
+        Ok(Ok(State::Watching { rv: list_rv, open: None }))
+    }
+
+    /// Diffs one listed object against the index and emits its change, if any.
+    async fn diff_item(&mut self, list: &mut ListDiff, obj: RawObject) -> Result<(), Closed> {
+        let Some((uid, entry)) = diff::index_entry(&obj.metadata) else {
+            warn!(stream = %self.spec.name, "listed object without uid/name/resourceVersion skipped");
+            return Ok(());
+        };
+        list.seen.insert(uid.clone());
+        if list.reported.elapsed() >= PROGRESS_EVERY {
+            list.reported = Instant::now();
+            let secs = list.started.elapsed().as_secs_f64();
+            info!(
+                stream = %self.spec.name,
+                objects = list.seen.len(),
+                events = list.emitted,
+                per_second = (list.seen.len() as f64 / secs.max(1e-3)) as u64,
+                origin = list.origin.as_str(),
+                "listing: {} objects so far", list.seen.len()
+            );
+        }
+        let Some(verb) = diff::listed(&mut self.index, &uid, &entry) else {
+            return Ok(());
+        };
+        if list.silent {
+            return Ok(());
+        }
+        list.emitted += 1;
+        let change = self.change(verb, list.origin, obj);
+        self.emit(Effect::Diffed(IndexOp::Upsert(uid, entry)), Some(change)).await
+    }
+
+    /// After the last listed object: objects the index has but the list had not were deleted
+    /// while the stream was not watching. Then the item that moves the checkpoint to `rv`.
+    async fn finish_diff(&mut self, list: ListDiff, rv: String, started: Instant, mode: &str) -> Result<(), Closed> {
+        let gone = diff::tombstones(&mut self.index, &list.seen);
+        let deleted = gone.len();
+        for (uid, entry) in gone {
+            let object = diff::tombstone(self.target().source.api_resource(), &uid, &entry);
+            let change = self.change(Verb::Deleted, Origin::Resync, object);
+            self.emit(Effect::Diffed(IndexOp::Remove(uid)), Some(change)).await?;
+        }
+        info!(
+            stream = %self.spec.name,
+            objects = self.index.len(),
+            events = list.emitted + deleted,
+            origin = list.origin.as_str(),
+            mode,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "list complete; watching"
+        );
+        self.listed_once = true;
+        self.set_synced();
+        self.emit(Effect::Listed { rv, objects: self.index.clone() }, None).await
+    }
+
+    fn after_list_error(&self, e: kube::Error, origin: Origin) -> Result<State, ReflectorError> {
+        match &e {
+            kube::Error::Api(s) if s.code == 403 && !self.listed_once => {
+                return Err(ReflectorError::Forbidden {
+                    index: self.spec.resource_index,
+                    stream: self.spec.name.clone(),
+                    resource: self.target().source.api_resource().plural.clone(),
+                    message: s.message.clone(),
+                });
+            }
+            kube::Error::Api(s) if s.code == 404 => {
+                warn!(stream = %self.spec.name, "the kind is no longer served; rediscovering");
+                return Ok(State::WaitForKind);
+            }
+            _ => {}
+        }
+        warn!(stream = %self.spec.name, error = %e, "list failed; retrying after backoff");
+        Ok(State::Backoff { then: Box::new(State::Listing { origin }) })
+    }
+
+    /// A consistent, paginated LIST, diffed page by page (objects are not all held at once).
+    /// A 410 on a continue token restarts from the first page. Returns the list's
+    /// resourceVersion.
+    async fn paginated_list(&mut self, list: &mut ListDiff) -> Result<Result<String, Closed>, kube::Error> {
+        let api = self.target().api.clone();
+        let mut token: Option<String> = None;
+        loop {
+            let (label_selector, field_selector) = self.spec.selectors();
+            let mut lp =
+                ListParams { label_selector, field_selector, ..ListParams::default().limit(self.spec.page_size) };
+            if let Some(t) = &token {
+                lp = lp.continue_token(t);
+            }
+            self.spec.limiter.until_ready().await;
+            let page = match api.list(&lp).await {
+                Ok(p) => p,
+                Err(e) if token.is_some() && is_gone(&e) => {
+                    info!(stream = %self.spec.name, "continue token expired; restarting the list");
+                    token = None;
+                    list.seen.clear();
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for obj in page.items {
+                if self.diff_item(list, obj).await.is_err() {
+                    return Ok(Err(Closed));
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(Ok(page.metadata.resource_version.unwrap_or_default())),
+            }
+        }
+    }
+
+    /// A streaming list (`sendInitialEvents`, consistent read): the current objects arrive as
+    /// ADDED events, then a bookmark marks the end of the initial state; the same connection
+    /// then goes on as a normal watch: it is handed over as `Watching { list rv, open: Some }`.
+    /// A server that rejects it switches the stream to paginated lists for good.
+    async fn streaming_list(
+        &mut self,
+        mut list: ListDiff,
+        started: Instant,
+    ) -> Result<Result<State, Closed>, ReflectorError> {
+        let mut wp = self.watch_params();
+        wp.send_initial_events = true;
+        self.spec.limiter.until_ready().await;
+        // Boxed: the connection outlives this step when it is handed over to `Watching`.
+        let mut stream = match crate::source::watch::start(&self.target().api, &wp, "").await {
+            Ok(s) => s.boxed(),
+            Err(kube::Error::Api(s)) if rejects_streaming(&s) => {
+                return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
+            }
+            Err(e) => return Ok(Ok(self.after_list_error(e, list.origin)?)),
+        };
+        let idle = self.idle_timeout();
+        loop {
+            let event = match tokio::time::timeout(idle, stream.try_next()).await {
+                Ok(Ok(Some(ev))) => ev,
+                Err(_) | Ok(Ok(None)) => {
+                    warn!(stream = %self.spec.name, "streaming list ended before its initial state was complete; listing again");
+                    return Ok(Ok(State::Listing { origin: list.origin }));
+                }
+                Ok(Err(e)) => {
+                    warn!(stream = %self.spec.name, error = %e, "streaming list failed; listing again after backoff");
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: list.origin }) }));
+                }
+            };
+            match event {
+                WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
+                    if self.diff_item(&mut list, obj).await.is_err() {
+                        return Ok(Err(Closed));
+                    }
+                }
+                WatchEvent::Bookmark(b)
+                    if b.metadata.annotations.get(INITIAL_EVENTS_END).is_some_and(|v| v == "true") =>
+                {
+                    self.streaming = Some(true);
+                    let rv = b.metadata.resource_version;
+                    if self.finish_diff(list, rv.clone(), started, "streaming").await.is_err() {
+                        return Ok(Err(Closed));
+                    }
+                    // The same connection goes on as the watch from the list's rv.
+                    let open = OpenWatch { events: stream, since: Instant::now() };
+                    return Ok(Ok(State::Watching { rv, open: Some(open) }));
+                }
+                WatchEvent::Bookmark(_) => {}
+                WatchEvent::Deleted(_) => {
+                    warn!(stream = %self.spec.name, "DELETED during a streaming list's initial state; listing again");
+                    return Ok(Ok(State::Listing { origin: list.origin }));
+                }
+                WatchEvent::Error(s) if rejects_streaming(&s) => {
+                    return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
+                }
+                WatchEvent::Error(s) => {
+                    warn!(stream = %self.spec.name, code = s.code, message = %s.message, "streaming list error; listing again after backoff");
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: list.origin }) }));
+                }
+            }
+        }
+    }
+
+    /// The apiserver rejected a streaming list (see [`rejects_streaming`]): the stream uses
+    /// paginated lists from now on, starting with this one.
+    fn streaming_unavailable(&mut self, s: &Status, origin: Origin) -> State {
+        info!(stream = %self.spec.name, reason = %s.message, "streaming lists not available on this apiserver; using paginated lists");
+        self.streaming = Some(false);
+        State::Listing { origin }
+    }
+}
+
+/// A streaming list answered 422 or 400, as the response's status or as an ERROR event in
+/// its stream: the apiserver does not offer streaming lists (WatchList gate off, e.g. 1.33).
+fn rejects_streaming(s: &Status) -> bool {
+    s.code == 422 || s.code == 400
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_lists_are_unavailable_on_422_and_400_only() {
+        let status = |code| Status::failure("no", "Invalid").with_code(code);
+        assert!(rejects_streaming(&status(422)));
+        assert!(rejects_streaming(&status(400)));
+        for code in [403, 404, 410, 429, 500, 504] {
+            assert!(!rejects_streaming(&status(code)), "{code}");
+        }
+    }
+}

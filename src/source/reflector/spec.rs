@@ -1,0 +1,89 @@
+//! What a stream is asked to watch ([`StreamSpec`] and its `initial` and `missing_kind`
+//! options), what it emits ([`Item`]) and how it fails ([`ReflectorError`]).
+
+use std::sync::Arc;
+
+use kube::Client;
+use kube::api::GroupVersionKind;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Change, Effect};
+use crate::observe::health::Health;
+use crate::source::client::ApiLimiter;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+/// `initial`: what a stream without a checkpoint emits first: every existing object once
+/// (`snapshot`), or only the changes from then on (`now`).
+pub enum Initial {
+    #[default]
+    Snapshot,
+    Now,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+/// `missing_kind`: a kind that is not served (CRD not installed yet) is waited for (`wait`),
+/// or stops kubecast (`fail`).
+pub enum MissingKind {
+    #[default]
+    Wait,
+    Fail,
+}
+
+/// What one stream watches.
+#[derive(Clone)]
+pub struct StreamSpec {
+    /// Index of the stream in the pipeline; carried by every item.
+    pub id: usize,
+    /// Human-readable, e.g. `v1 ConfigMap in namespace shop`.
+    pub name: String,
+    /// `[[resources]]` index, for messages.
+    pub resource_index: usize,
+    pub cluster: String,
+    pub client: Client,
+    pub limiter: ApiLimiter,
+    pub gvk: GroupVersionKind,
+    /// `None`: cluster-wide.
+    pub namespace: Option<String>,
+    pub label_selector: String,
+    pub field_selector: String,
+    pub page_size: u32,
+    /// Server-side timeout of each watch request (`timeoutSeconds`).
+    pub watch_timeout_seconds: u32,
+    pub initial: Initial,
+    pub missing_kind: MissingKind,
+    /// Try streaming lists first (falling back to paginated lists when rejected).
+    pub streaming_lists: bool,
+    /// Where the stream reports its phase for readiness.
+    pub health: Arc<Health>,
+}
+
+/// One unit the reflector hands to the pipeline. `change` is `None` for items that only move
+/// the checkpoint (bookmarks, end of a list).
+#[derive(Debug)]
+pub struct Item {
+    pub stream: usize,
+    pub seq: u64,
+    pub effect: Effect,
+    pub change: Option<Change>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReflectorError {
+    #[error(
+        "resources[{index}] ({stream}): forbidden: {message} (fix: grant get, list and watch on {resource} to kubecast's identity)"
+    )]
+    Forbidden { index: usize, stream: String, resource: String, message: String },
+    #[error("resources[{index}] ({stream}): {message}")]
+    Kind { index: usize, stream: String, message: String },
+}
+
+impl StreamSpec {
+    /// The label and field selectors as the list and the watch requests take them (`None`:
+    /// not set): both requests select the same objects.
+    pub(super) fn selectors(&self) -> (Option<String>, Option<String>) {
+        let set = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        (set(&self.label_selector), set(&self.field_selector))
+    }
+}

@@ -1,0 +1,202 @@
+//! The reflector's state between steps: the [`State`] of its machine (see the module
+//! documentation for the transitions) and the [`Reflector`] that carries it with what
+//! outlives a state (the index, the resume point, the sequence number, the backoff), and the
+//! few things every state uses (emitting an item, readiness, the idle timeout).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use futures::stream::BoxStream;
+use kube::api::{Api, WatchEvent, WatchParams};
+use prometheus_client::metrics::counter::Counter;
+use tokio::sync::mpsc;
+
+use super::spec::{Item, ReflectorError, StreamSpec};
+use crate::model::{Change, Effect, EventSource, Index, Origin, Position, RawObject, Verb};
+use crate::observe::health::StreamPhase;
+
+/// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
+const IDLE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The states of one stream; see the module documentation for the transitions, and
+/// `step` in `mod.rs` for where each one is taken.
+#[derive(Debug)]
+pub(super) enum State {
+    /// Resolve the kind by discovery.
+    Discover,
+    /// The kind is not served: discover again after a backoff delay.
+    WaitForKind,
+    /// List the current objects and diff them against the index.
+    Listing { origin: Origin },
+    /// Read a watch from `rv`: a new watch request (`open: None`), or the connection of a
+    /// streaming list whose initial state is complete (`open: Some`), read on as the watch.
+    Watching { rv: String, open: Option<OpenWatch> },
+    /// Sleep a backoff delay, then go to `then`.
+    Backoff { then: Box<State> },
+}
+
+/// The events of a watch connection.
+pub(super) type Events = BoxStream<'static, Result<WatchEvent<RawObject>, kube::Error>>;
+
+/// A watch connection still open: a streaming list hands its connection over to `Watching`
+/// once its initial state is complete.
+pub(super) struct OpenWatch {
+    pub(super) events: Events,
+    /// When it was handed over (a watch that stays healthy long enough resets the backoff).
+    pub(super) since: Instant,
+}
+
+impl fmt::Debug for OpenWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<open>")
+    }
+}
+
+/// Resolved once the kind is served.
+pub(super) struct Target {
+    pub(super) api: Api<RawObject>,
+    pub(super) source: Arc<EventSource>,
+}
+
+/// One stream's list+watch loop: [`Reflector::run`] steps its [`State`] until cancelled.
+pub struct Reflector {
+    pub(super) spec: StreamSpec,
+    pub(super) target: Option<Target>,
+    /// The live index: every object the stream has emitted (or, with `initial = "now"`, seen).
+    pub(super) index: Index,
+    /// The resume point loaded at start (consumed by the first `Discover`).
+    pub(super) resume: Option<String>,
+    /// Whether a list of this stream was ever completed (here or before a restart).
+    pub(super) listed_once: bool,
+    /// Marked synced (ready) in this process: after a list, or a resumed watch that proved
+    /// its resourceVersion valid.
+    pub(super) synced: bool,
+    pub(super) state: State,
+    /// Whether the apiserver accepts streaming lists: unknown until tried.
+    pub(super) streaming: Option<bool>,
+    pub(super) seq: u64,
+    pub(super) backoff: ExponentialBackoff,
+    pub(super) tx: mpsc::Sender<Item>,
+    pub(super) metrics: ReflectorMetrics,
+    /// Changes after the resume point already delivered before a restart (out of order): the
+    /// resumed watch acknowledges them without sending them again.
+    pub(super) acked_ahead: HashSet<(String, String)>,
+}
+
+/// The stream's counters (`src/metrics.rs`), resolved once.
+pub(super) struct ReflectorMetrics {
+    pub(super) relists: Counter,
+    pub(super) gone: Counter,
+    pub(super) resync_events: Counter,
+    pub(super) watch_restarts: Counter,
+    pub(super) watched_once: bool,
+}
+
+/// The receiver is gone: the pipeline is shutting down.
+pub(super) struct Closed;
+
+impl Reflector {
+    /// A stream that starts from `start` (its persisted position), if any, and emits into `tx`.
+    pub fn new(spec: StreamSpec, start: Option<Position>, tx: mpsc::Sender<Item>) -> Self {
+        let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
+        let spec_name = spec.name.clone();
+        let streaming = if spec.streaming_lists { None } else { Some(false) };
+        let (resume, index, acked_ahead) = match start {
+            Some(cp) => (cp.resource_version, cp.objects, cp.acked_ahead.into_iter().collect()),
+            None => (None, Index::default(), HashSet::new()),
+        };
+        Self {
+            spec,
+            target: None,
+            index,
+            resume,
+            listed_once,
+            synced: false,
+            state: State::Discover,
+            streaming,
+            seq: 0,
+            backoff: new_backoff(),
+            tx,
+            acked_ahead,
+            metrics: {
+                let m = crate::observe::metrics::get();
+                let name = &spec_name;
+                ReflectorMetrics {
+                    relists: crate::observe::metrics::stream_counter(&m.relists, name),
+                    gone: crate::observe::metrics::stream_counter(&m.gone, name),
+                    resync_events: crate::observe::metrics::stream_counter(&m.resync_events, name),
+                    watch_restarts: crate::observe::metrics::stream_counter(&m.watch_restarts, name),
+                    watched_once: false,
+                }
+            },
+        }
+    }
+
+    /// The next backoff delay.
+    pub(super) fn next_delay(&mut self) -> Duration {
+        self.backoff.next().unwrap_or(Duration::from_secs(30))
+    }
+
+    pub(super) fn kind_error(&self, message: String) -> ReflectorError {
+        ReflectorError::Kind { index: self.spec.resource_index, stream: self.spec.name.clone(), message }
+    }
+
+    /// The kind's API and event source.
+    pub(super) fn target(&self) -> &Target {
+        self.target.as_ref().expect("discovered before listing or watching")
+    }
+
+    /// Numbers an item and hands it to the pipeline (waits while the channel is full).
+    pub(super) async fn emit(&mut self, effect: Effect, change: Option<Change>) -> Result<(), Closed> {
+        if change.as_ref().is_some_and(|c| c.origin == Origin::Resync) {
+            self.metrics.resync_events.inc();
+        }
+        let item = Item { stream: self.spec.id, seq: self.seq, effect, change };
+        self.seq += 1;
+        self.tx.send(item).await.map_err(|_| Closed)
+    }
+
+    /// A change of an object of this stream's kind.
+    pub(super) fn change(&self, verb: Verb, origin: Origin, object: RawObject) -> Change {
+        Change { verb, origin, object, source: self.target().source.clone() }
+    }
+
+    /// Ready, as far as this stream goes (`/readyz`).
+    pub(super) fn set_synced(&mut self) {
+        self.synced = true;
+        self.spec.health.set_phase(self.spec.id, StreamPhase::Synced);
+    }
+
+    /// The parameters of a watch request (and of a streaming list, which is one).
+    pub(super) fn watch_params(&self) -> WatchParams {
+        let (label_selector, field_selector) = self.spec.selectors();
+        WatchParams {
+            label_selector,
+            field_selector,
+            ..WatchParams::default().timeout(self.spec.watch_timeout_seconds)
+        }
+    }
+
+    /// How long a watch may stay silent before it is given up (no read timeout in the client).
+    pub(super) fn idle_timeout(&self) -> Duration {
+        Duration::from_secs(self.spec.watch_timeout_seconds.into()) + IDLE_MARGIN
+    }
+}
+
+pub(super) fn new_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(800))
+        .with_max_delay(Duration::from_secs(30))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// The resourceVersion or continue token asked for is no longer available.
+pub(super) fn is_gone(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 410)
+}
