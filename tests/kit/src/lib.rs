@@ -15,7 +15,9 @@ pub mod env;
 pub mod process;
 pub mod sink;
 
-pub use cluster::{TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, names, unique};
-pub use env::{Env, compacting_kubeconfig, env, env_file, env_up, env_var, kubeconfig, repo_root};
+pub use cluster::{
+    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, names, unique,
+};
+pub use env::{Env, compacting_kubeconfig, compacting_up, env, env_file, env_up, env_var, kubeconfig, repo_root};
 pub use process::{Kubecast, bin, set_bin};
 pub use sink::{about, pretty, read_events, verb};

@@ -30,13 +30,16 @@ pub fn bin() -> &'static Path {
             return path.into();
         }
         let exe = std::env::current_exe().expect("the running executable");
-        let profile = exe
-            .parent()
-            .filter(|dir| dir.ends_with("deps"))
-            .and_then(Path::parent)
-            .unwrap_or_else(|| panic!("{} is not in target/<profile>/deps: call kubecast_kit::set_bin", exe.display()));
+        let profile =
+            exe.parent().filter(|dir| dir.ends_with("deps")).and_then(Path::parent).unwrap_or_else(|| {
+                panic!("{} is not in target/<profile>/deps: call kubecast_kit::set_bin", exe.display())
+            });
         let bin = profile.join(format!("kubecast{}", std::env::consts::EXE_SUFFIX));
-        assert!(bin.exists(), "{} does not exist: build it (cargo build), or call kubecast_kit::set_bin", bin.display());
+        assert!(
+            bin.exists(),
+            "{} does not exist: build it (cargo build), or call kubecast_kit::set_bin",
+            bin.display()
+        );
         bin
     })
 }
