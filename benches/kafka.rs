@@ -6,10 +6,11 @@
 //!
 //! The stream is "recorded" deterministically: ~10 KB Pods (labels, annotations,
 //! managedFields, five containers with env, status), each object modified several times.
-//! kubecast's side runs the library's own path for each change: decoding the object's identity
-//! from the watch's JSON (the rest is passed through untouched), CloudEvent building, the
-//! outbound queue (per-object order, `max_in_flight` 1000), the Kafka sink (binary mode: `ce_*`
-//! headers, value = the object) with delivery reports, and the acknowledgement watermark. The
+//! kubecast's side runs its own wiring (`Pipeline::start_downstream`, as `kubecast run`) for
+//! each change: decoding the object's identity from the watch's JSON (the rest is passed
+//! through untouched), the shaping stage and CloudEvent, the outbound queue (per-object order,
+//! `max_in_flight` 1000), the Kafka sink (binary mode: `ce_*` headers, value = the object) with
+//! delivery reports, the acknowledgement watermark and the persister. The
 //! raw side sends the same object JSON with the same key, 1000 in flight. Needs the test
 //! Kafka: it runs `tests/env/up kafka` (idempotent; left running).
 

@@ -8,8 +8,9 @@
 //!
 //! The recorded stream is the one of the Kafka benchmark (~10 KB Pods). The raw side publishes
 //! each object's JSON with `Nats-Msg-Id` and awaits the PubAcks, 1000 in flight. kubecast runs
-//! its own path for each change (identity decoding, CloudEvent, outbound queue with per-object
-//! order and `max_in_flight` 1000, the NATS sink, the acknowledgement watermark) in binary mode
+//! its own wiring for each change (`Pipeline::start_downstream`: identity decoding, shaping and
+//! CloudEvent, outbound queue with per-object order and `max_in_flight` 1000, the NATS sink, the
+//! acknowledgement watermark, the persister) in binary mode
 //! (payload = the same object JSON, `ce-*` headers: the like-for-like comparison) and in
 //! structured mode (the default: payload = the event JSON). Each run has its own file-backed
 //! stream (so no run's messages are duplicates of another's), deleted afterwards. Needs the test NATS: it runs `tests/env/up nats`.
