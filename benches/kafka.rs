@@ -6,10 +6,11 @@
 //!
 //! The stream is "recorded" deterministically: ~10 KB Pods (labels, annotations,
 //! managedFields, five containers with env, status), each object modified several times.
-//! kubecast's side runs the library's own path for each change: decoding the object's identity
-//! from the watch's JSON (the rest is passed through untouched), CloudEvent building, the
-//! outbound queue (per-object order, `max_in_flight` 1000), the Kafka sink (binary mode: `ce_*`
-//! headers, value = the object) with delivery reports, and the acknowledgement watermark. The
+//! kubecast's side runs its own wiring (`Pipeline::start_downstream`, as `kubecast run`) for
+//! each change: decoding the object's identity from the watch's JSON (the rest is passed
+//! through untouched), the shaping stage and CloudEvent, the outbound queue (per-object order,
+//! `max_in_flight` 1000), the Kafka sink (binary mode: `ce_*` headers, value = the object) with
+//! delivery reports, the acknowledgement watermark and the persister. The
 //! raw side sends the same object JSON with the same key, 1000 in flight. Needs the test
 //! Kafka: it runs `tests/env/up kafka` (idempotent; left running).
 
@@ -20,8 +21,6 @@ use std::time::{Duration, Instant};
 use common::{OBJECTS, cpu_seconds, record};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use kubecast::sink::Sink;
-use kubecast::sink::kafka::KafkaConfig;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -40,7 +39,6 @@ async fn run() {
     let events = common::events_arg(50_000);
     let env = common::env_up("kafka");
     let brokers = common::env_value(&env, "KAFKA_BROKERS");
-    let ar = common::pods();
     let recording = record(events);
     let bytes: usize = recording.iter().map(bytes::Bytes::len).sum();
     println!(
@@ -73,17 +71,7 @@ async fn run() {
             if !common::side("kubecast") {
                 return nan;
             }
-            let sink = Sink::Kafka(
-                kubecast::sink::KafkaSink::new(&KafkaConfig {
-                    brokers: brokers.to_string(),
-                    topic: topic("kubecast", r),
-                    mode: Default::default(),
-                    tombstones: false,
-                    properties: extra_properties().into_iter().collect(),
-                })
-                .unwrap(),
-            );
-            common::kubecast(sink, &recording, &ar).await
+            common::kubecast(&kafka_sink(&brokers, &topic("kubecast", r)), &recording).await
         };
         let raw_side = async {
             if !common::side("raw") {
@@ -126,6 +114,14 @@ async fn delete_topics(brokers: &str, topics: &[String]) {
     }
 }
 
+/// kubecast's `[sink]` table: Kafka in binary mode (the default), `extra_properties` passed on.
+fn kafka_sink(brokers: &str, topic: &str) -> String {
+    let properties: String = extra_properties().iter().map(|(k, v)| format!("{k:?} = {v:?}\n")).collect();
+    format!(
+        "[sink]\ntype = \"kafka\"\n\n[sink.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\n\n[sink.kafka.properties]\n{properties}"
+    )
+}
+
 /// `KUBECAST_BENCH_KAFKA_PROPERTIES="linger.ms=20,batch.size=2000000"`: librdkafka properties
 /// for both sides (to compare settings).
 fn extra_properties() -> Vec<(String, String)> {
@@ -156,11 +152,9 @@ async fn raw(brokers: &str, topic: &str, recording: &[bytes::Bytes], headers: bo
     let source = std::sync::Arc::new(kubecast::model::EventSource::new("bench", &common::pods()));
     let headers: Vec<Option<rdkafka::message::OwnedHeaders>> = recording
         .iter()
-        .enumerate()
-        .map(|(seq, line)| {
+        .map(|line| {
             headers.then(|| {
-                let job = common::job(seq as u64, line, &source);
-                kubecast::sink::kafka::encode(&job.msg.unwrap().event, kubecast::sink::kafka::Mode::Binary).1
+                kubecast::sink::kafka::encode(&common::event(line, &source), kubecast::sink::kafka::Mode::Binary).1
             })
         })
         .collect();

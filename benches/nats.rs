@@ -8,8 +8,9 @@
 //!
 //! The recorded stream is the one of the Kafka benchmark (~10 KB Pods). The raw side publishes
 //! each object's JSON with `Nats-Msg-Id` and awaits the PubAcks, 1000 in flight. kubecast runs
-//! its own path for each change (identity decoding, CloudEvent, outbound queue with per-object
-//! order and `max_in_flight` 1000, the NATS sink, the acknowledgement watermark) in binary mode
+//! its own wiring for each change (`Pipeline::start_downstream`: identity decoding, shaping and
+//! CloudEvent, outbound queue with per-object order and `max_in_flight` 1000, the NATS sink, the
+//! acknowledgement watermark, the persister) in binary mode
 //! (payload = the same object JSON, `ce-*` headers: the like-for-like comparison) and in
 //! structured mode (the default: payload = the event JSON). Each run has its own file-backed
 //! stream (so no run's messages are duplicates of another's), deleted afterwards. Needs the test NATS: it runs `tests/env/up nats`.
@@ -25,8 +26,7 @@ use async_nats::jetstream::{self, message::PublishMessage, stream};
 use common::{OBJECTS, cpu_seconds, record};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use kubecast::sink::nats::{Mode, NatsConfig};
-use kubecast::sink::{NatsSink, Sink};
+use kubecast::sink::nats::Mode;
 use std::future::Future;
 
 #[global_allocator]
@@ -151,10 +151,8 @@ fn kubecast_messages(recording: &[bytes::Bytes], mode: Mode) -> Vec<Message> {
     let source = std::sync::Arc::new(kubecast::model::EventSource::new("bench", &common::pods()));
     recording
         .iter()
-        .enumerate()
-        .map(|(seq, line)| {
-            let job = common::job(seq as u64, line, &source);
-            let event = &job.msg.as_ref().unwrap().event;
+        .map(|line| {
+            let event = &common::event(line, &source);
             let (payload, headers) = kubecast::sink::nats::encode(event, mode);
             (event.id().to_string(), payload, Some(headers))
         })
@@ -220,12 +218,9 @@ async fn kubecast_run(
     mode: Mode,
     recording: &std::sync::Arc<Vec<bytes::Bytes>>,
 ) -> (f64, f64) {
-    let cfg: NatsConfig = serde_json::from_value(serde_json::json!({
-        "url": url,
-        "subject": subject,
-        "mode": if mode == Mode::Binary { "binary" } else { "structured" },
-    }))
-    .unwrap();
-    let sink = NatsSink::open(&cfg, 1000, Duration::from_secs(10)).await.expect("NATS sink");
-    common::kubecast(Sink::Nats(sink), recording, &common::pods()).await
+    let mode = if mode == Mode::Binary { "binary" } else { "structured" };
+    let sink = format!(
+        "[sink]\ntype = \"nats\"\n\n[sink.nats]\nurl = \"{url}\"\nsubject = \"{subject}\"\nmode = \"{mode}\"\n"
+    );
+    common::kubecast(&sink, recording).await
 }

@@ -28,14 +28,15 @@
 //! the test environment has no controller-manager, so a deleted namespace stays `Terminating`
 //! forever, but empty. Namespaces left by an interrupted run (label
 //! `app.kubernetes.io/managed-by=kubecast-bench`) are emptied at the next start.
-//! See benches/README.md.
+//! With `KUBECAST_COMPACTING_ENV_FILE` set, that apiserver is used as it is (not started).
+//! The process harness, the client and the namespace come from the test kit (`tests/kit`).
+//! See docs/benchmarks.md.
 
 use std::collections::BTreeMap;
 use std::fs;
 use std::future::Future;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -44,6 +45,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kubecast_kit::Kubecast;
 use serde_json::{Value, json};
 
 /// Sizes measured when `--objects` is not given.
@@ -66,10 +68,11 @@ const LIST_RESTARTS: &[&str] = &["restarting the list", "listing again"];
 #[tokio::main]
 async fn main() -> Result<()> {
     let sizes = parse_args()?;
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let kubeconfig = start_compacting_apiserver(repo)?;
-    let client = client_for(&kubeconfig).await?;
-    eprintln!("kubecast binary: {}", env!("CARGO_BIN_EXE_kubecast"));
+    eprintln!("starting the compacting apiserver (tests/env/compacting up; left running)");
+    let kubeconfig = kubecast_kit::compacting_up();
+    let client = kubecast_kit::client_for(&kubeconfig).await;
+    kubecast_kit::set_bin(env!("CARGO_BIN_EXE_kubecast"));
+    eprintln!("kubecast binary: {}", kubecast_kit::bin().display());
 
     sweep_leftovers(&client).await?;
 
@@ -243,8 +246,7 @@ struct Row {
 
 /// Steady RSS of kubecast watching the (empty) namespace `ns`.
 async fn measure_baseline(kubeconfig: &str, ns: String) -> Result<Mem> {
-    let inst = Instance::new(&ns, kubeconfig)?;
-    let mut kc = inst.start()?;
+    let mut kc = Run::start(&ns, kubeconfig);
     kc.wait_log(LIST_COMPLETE, HANG_GUARD).await?;
     tokio::time::sleep(SETTLE).await;
     let mem = kc.mem()?;
@@ -264,9 +266,8 @@ async fn measure_size(client: &Client, kubeconfig: &str, ns: String, n: usize) -
 
     // 1. Snapshot on a fresh state dir.
     eprintln!("snapshot: starting kubecast on a fresh state dir");
-    let inst = Instance::new(ns, kubeconfig)?;
-    let mut events = LineCounter::new(inst.events_path());
-    let mut kc = inst.start()?;
+    let mut kc = Run::start(ns, kubeconfig);
+    let mut events = LineCounter::new(kc.events_path());
     row.snapshot = kc.wait_list_complete().await?;
     eprintln!("snapshot: list complete after {:.2} s; waiting for {n} events in the sink", secs(row.snapshot.wall));
     row.snapshot_sink = kc.wait_lines(&mut events, n as u64, HANG_GUARD).await?.context("events in the sink")?;
@@ -275,7 +276,7 @@ async fn measure_size(client: &Client, kubeconfig: &str, ns: String, n: usize) -
     eprintln!("snapshot: all events in the sink after {:.2} s; stopping (SIGTERM)", secs(row.snapshot_sink));
     kc.stop().await?;
 
-    let (cp_path, cp) = inst.checkpoint()?;
+    let (cp_path, cp) = kc.checkpoint()?;
     row.checkpoint_bytes = fs::metadata(&cp_path)?.len();
     row.checkpoint_objects = cp["objects"].as_array().map_or(0, Vec::len);
     let rv = cp["resource_version"].as_str().context("checkpoint without resource_version")?.to_string();
@@ -294,7 +295,7 @@ async fn measure_size(client: &Client, kubeconfig: &str, ns: String, n: usize) -
     let before = events.poll()?;
     let diff_from = events.offset;
     eprintln!("relist: restarting kubecast on the same state dir");
-    let mut kc = inst.start()?;
+    kc.restart();
     row.relist = kc.wait_list_complete().await?;
     let expected = row.changes.total() as u64;
     if kc.wait_lines(&mut events, before + expected, Duration::from_secs(120)).await?.is_none() {
@@ -302,7 +303,7 @@ async fn measure_size(client: &Client, kubeconfig: &str, ns: String, n: usize) -
     }
     tokio::time::sleep(Duration::from_secs(1)).await; // room for any event beyond the expected ones
     row.relist_mem = kc.mem()?;
-    row.relist_events = diff_events(&inst.events_path(), diff_from)?;
+    row.relist_events = diff_events(&kc.events_path(), diff_from)?;
     eprintln!(
         "relist: list complete after {:.2} s, {} events; stopping",
         secs(row.relist.wall),
@@ -311,7 +312,7 @@ async fn measure_size(client: &Client, kubeconfig: &str, ns: String, n: usize) -
     kc.stop().await?;
 
     // 4. Resumed: at once, before the new checkpoint's resourceVersion can expire.
-    let mut kc = inst.start()?;
+    kc.restart();
     kc.wait_log(RESUMING, HANG_GUARD).await?;
     tokio::time::sleep(SETTLE).await;
     row.resumed_mem = kc.mem()?;
@@ -516,104 +517,48 @@ fn secs(d: Duration) -> f64 {
 // ------------------------------------------------------------------------------------------
 // The kubecast process
 
-/// One kubecast configuration in a temp dir: config, checkpoint dir, file sink, log.
-struct Instance {
-    dir: tempfile::TempDir,
+/// kubecast watching the ConfigMaps of one namespace (one stream, with the default page size
+/// and rate limit, checkpoints flushed every second) on the compacting apiserver, in a fresh
+/// directory of the test kit's harness (config, checkpoint dir, file sink, log); `RUST_LOG=info`.
+struct Run {
+    kc: Kubecast,
     kubeconfig: String,
 }
 
-impl Instance {
-    /// One stream: the ConfigMaps of `ns`, with the default page size, rate limit and
-    /// checkpoint flush interval.
-    fn new(ns: &str, kubeconfig: &str) -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("kubecast-bench-").tempdir()?;
+impl Run {
+    /// Starts `kubecast run`; its stderr is appended to the instance's log.
+    fn start(ns: &str, kubeconfig: &str) -> Self {
         let config = format!(
-            r#"[cluster]
-name = "bench"
-
-[checkpoint]
-dir = "{state}"
-flush_interval_ms = 1000
-
-[sink]
-type = "file"
-path = "{events}"
-
-[[resources]]
-api_version = "v1"
-kind = "ConfigMap"
-namespaces = ["{ns}"]
-"#,
-            state = dir.path().join("state").display(),
-            events = dir.path().join("events.jsonl").display(),
+            "[cluster]\nname = \"bench\"\n\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n"
         );
-        fs::write(dir.path().join("kubecast.toml"), config)?;
-        Ok(Self { dir, kubeconfig: kubeconfig.to_string() })
+        let env = [("KUBECONFIG", kubeconfig), ("RUST_LOG", "info")];
+        let kc = Kubecast::start_with_checkpoint(&config, "flush_interval_ms = 1000", &env);
+        Self { kc, kubeconfig: kubeconfig.to_string() }
+    }
+
+    /// Starts it again on the same state dir, events file and log.
+    fn restart(&mut self) {
+        self.kc.restart(&[("KUBECONFIG", &self.kubeconfig), ("RUST_LOG", "info")]);
     }
 
     fn events_path(&self) -> PathBuf {
-        self.dir.path().join("events.jsonl")
-    }
-
-    fn log_path(&self) -> PathBuf {
-        self.dir.path().join("kubecast.log")
-    }
-
-    /// Starts `kubecast run`; its stderr is appended to kubecast.log.
-    fn start(&self) -> Result<Running> {
-        let log_path = self.log_path();
-        let log = fs::OpenOptions::new().create(true).append(true).open(&log_path)?;
-        let log_offset = log.metadata()?.len();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubecast"));
-        cmd.args(["run", "--config"]).arg(self.dir.path().join("kubecast.toml"));
-        // Only the config file counts: no KUBECAST_* overrides from the caller's environment.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("KUBECAST_") {
-                cmd.env_remove(key);
-            }
-        }
-        cmd.env("KUBECONFIG", &self.kubeconfig)
-            .env("RUST_LOG", "info")
-            // The admin server on any free port, not 9090: other kubecasts may run here.
-            .env("KUBECAST_ADMIN__LISTEN", "127.0.0.1:0");
-        let started = Instant::now();
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().context("spawn kubecast")?;
-        Ok(Running { child, started, log_path, log_offset })
+        self.kc.events_path.clone()
     }
 
     /// The stream's checkpoint file and its JSON.
     fn checkpoint(&self) -> Result<(PathBuf, Value)> {
-        let state = self.dir.path().join("state");
-        for entry in fs::read_dir(&state).with_context(|| format!("{}", state.display()))? {
-            let path = entry?.path();
-            if path.extension().is_some_and(|x| x == "json") {
-                let value = serde_json::from_slice(&fs::read(&path)?)?;
-                return Ok((path, value));
-            }
-        }
-        bail!("no checkpoint file in {}", state.display())
+        let path = self.kc.checkpoint_files().into_iter().next().context("no checkpoint file")?;
+        let value = serde_json::from_slice(&fs::read(&path)?)?;
+        Ok((path, value))
     }
-}
-
-/// A running kubecast.
-struct Running {
-    child: Child,
-    started: Instant,
-    log_path: PathBuf,
-    /// Where this run's part of kubecast.log begins.
-    log_offset: u64,
-}
-
-impl Running {
     /// This run's log so far.
     fn log(&self) -> String {
-        let text = fs::read(&self.log_path).unwrap_or_default();
-        String::from_utf8_lossy(text.get(self.log_offset as usize..).unwrap_or_default()).into_owned()
+        self.kc.run_log()
     }
 
     /// An error if kubecast exited.
     fn check_running(&mut self) -> Result<()> {
-        match self.child.try_wait()? {
+        match self.kc.exited() {
             Some(status) => bail!("kubecast exited ({status}); its log:\n{}", self.log()),
             None => Ok(()),
         }
@@ -623,10 +568,10 @@ impl Running {
     async fn wait_log(&mut self, needle: &str, guard: Duration) -> Result<(Duration, String)> {
         loop {
             if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
-                return Ok((self.started.elapsed(), line.to_string()));
+                return Ok((self.kc.started().elapsed(), line.to_string()));
             }
             self.check_running()?;
-            if self.started.elapsed() > guard {
+            if self.kc.started().elapsed() > guard {
                 bail!("no {needle:?} in kubecast's log after {guard:?}:\n{}", self.log());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -661,7 +606,7 @@ impl Running {
         let deadline = Instant::now() + guard;
         loop {
             if counter.poll()? >= lines {
-                return Ok(Some(self.started.elapsed()));
+                return Ok(Some(self.kc.started().elapsed()));
             }
             self.check_running()?;
             if Instant::now() > deadline {
@@ -672,41 +617,25 @@ impl Running {
     }
 
     fn mem(&self) -> Result<Mem> {
-        let status = fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let pid = self.kc.pid().context("kubecast is not running")?;
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
         let kb = |key: &str| -> Result<u64> {
             status
                 .lines()
                 .find_map(|l| l.strip_prefix(key))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-                .with_context(|| format!("no {key} in /proc/{}/status", self.child.id()))
+                .with_context(|| format!("no {key} in /proc/{pid}/status"))
         };
         Ok(Mem { rss_kb: kb("VmRSS:")?, hwm_kb: kb("VmHWM:")? })
     }
 
     /// SIGTERM (kubecast writes its final checkpoints) and waits for the exit.
     async fn stop(&mut self) -> Result<()> {
-        Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status()?;
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                if !status.success() {
-                    bail!("kubecast exited with {status} after SIGTERM; its log:\n{}", self.log());
-                }
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("kubecast did not exit within 120 s of SIGTERM; its log:\n{}", self.log());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        match self.kc.stop_within(Duration::from_secs(120)).await {
+            Some(status) if status.success() => Ok(()),
+            Some(status) => bail!("kubecast exited with {status} after SIGTERM; its log:\n{}", self.log()),
+            None => bail!("kubecast did not exit within 120 s of SIGTERM; its log:\n{}", self.log()),
         }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        // No-op when it already exited and was waited for.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -758,33 +687,6 @@ impl LineCounter {
 // ------------------------------------------------------------------------------------------
 // The test environment and the objects
 
-/// Runs `tests/env/compacting up` (idempotent; it is left running) and returns its kubeconfig.
-fn start_compacting_apiserver(repo: &Path) -> Result<String> {
-    eprintln!("starting the compacting apiserver (tests/env/compacting up; left running)");
-    let status = Command::new(repo.join("tests/env/compacting"))
-        .arg("up")
-        .stdout(Stdio::inherit())
-        .status()
-        .context("run tests/env/compacting up")?;
-    if !status.success() {
-        bail!("tests/env/compacting up failed ({status}); see tests/env/README.md");
-    }
-    let env_file = std::env::var_os("KUBECAST_ENV_COMPACTING_STATE")
-        .map_or_else(|| repo.join("target/kubecast-env-compacting"), PathBuf::from)
-        .join("env");
-    let text = fs::read_to_string(&env_file).with_context(|| format!("read {}", env_file.display()))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("KUBECONFIG="))
-        .map(|v| v.trim().to_string())
-        .with_context(|| format!("no KUBECONFIG in {}", env_file.display()))
-}
-
-async fn client_for(kubeconfig: &str) -> Result<Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    Ok(Client::try_from(cfg)?)
-}
-
 /// Runs `body` in a fresh namespace (named `prefix-<pid>`), which is emptied and deleted
 /// afterwards, also when `body` failed.
 async fn in_namespace<T, F, Fut>(client: &Client, prefix: &str, body: F) -> Result<T>
@@ -793,16 +695,8 @@ where
     Fut: Future<Output = Result<T>>,
 {
     let name = format!("{prefix}-{}", std::process::id());
-    let (key, value) = MANAGED_BY.split_once('=').expect("label");
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            labels: Some(BTreeMap::from([(key.to_string(), value.to_string())])),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await.context("create namespace")?;
+    let label = MANAGED_BY.split_once('=').expect("label");
+    kubecast_kit::create_namespace(client, &name, &[label]).await.context("create namespace")?;
     let result = body(name.clone()).await;
     let cleaned = delete_namespace(client, &name).await;
     let value = result?;

@@ -17,8 +17,6 @@ use kubecast::config::ResourceConfig;
 use kubecast::model::Verb;
 use kubecast::model::{Change, CloudEvent, EventSource, Origin};
 use kubecast::shaping::Shaper;
-use kubecast::sink::Sink;
-use kubecast::sink::kafka::KafkaConfig;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -60,17 +58,11 @@ async fn run() {
     };
     println!("recorded stream: {events} events over {} Pods", common::OBJECTS);
 
-    let sink = Sink::Kafka(
-        kubecast::sink::KafkaSink::new(&KafkaConfig {
-            brokers,
-            topic: format!("bench.shaping.{}", std::process::id()),
-            mode: Default::default(),
-            tombstones: false,
-            properties: Default::default(),
-        })
-        .unwrap(),
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n\n[sink.kafka]\nbrokers = \"{brokers}\"\ntopic = \"bench.shaping.{}\"\n",
+        std::process::id()
     );
-    let (_, delivery_cpu) = common::kubecast(sink, &recording, &ar).await;
+    let (_, delivery_cpu) = common::kubecast(&sink, &recording).await;
     let delivery_us = delivery_cpu / events as f64 * 1e6;
     println!("\ndelivery path (Kafka, binary mode): {delivery_us:.1} µs CPU per event\n");
     println!("{:<36} {:>14} {:>12} {:>10}", "shaping", "µs per event", "vs delivery", "sent");

@@ -1,5 +1,5 @@
 //! The per-event CPU cost of kubecast's delivery path without a broker, for deterministic
-//! instruction counts (see benches/README.md):
+//! instruction counts (see docs/benchmarks.md):
 //!
 //!     cargo build --release --example path_cost
 //!     valgrind --tool=callgrind target/release/examples/path_cost 2000 none
@@ -7,9 +7,10 @@
 //!
 //! (instructions of a step - instructions of `none`) / events = instructions per event.
 //! Steps, each including the ones before it: `none` (only recording the stream), `decode`
-//! (the object's identity, as the reflector does), `job` (+ the CloudEvent and the queue job,
-//! as the benchmarks build them), `kafka`, `nats`, `structured` (+ encoding the record or
-//! message: Kafka binary, NATS binary, NATS structured), `ack` (+ the watermark).
+//! (the object's identity, as the reflector does), `job` (+ the reflector's item and the
+//! CloudEvent of its change; no shaping, no queue), `kafka`, `nats`, `structured` (+ encoding
+//! the record or message: Kafka binary, NATS binary, NATS structured), `ack` (+ the item's
+//! effect on the watermark).
 
 #[path = "../benches/common/mod.rs"]
 mod common;
@@ -43,8 +44,8 @@ fn main() {
             "decode" => sum += common::object(bytes).text().len(),
             "serde" => sum += serde_json::from_slice::<kube::api::WatchEvent<RawObject>>(bytes).is_ok() as usize,
             _ => {
-                let job = common::job(seq as u64, bytes, &source);
-                let event = &job.msg.as_ref().unwrap().event;
+                let item = common::item(seq as u64, &common::read(bytes), &source);
+                let event = &item.change.unwrap().into_cloudevent().unwrap();
                 sum += match step.as_str() {
                     "kafka" => kafka::encode(event, kafka::Mode::Binary).0.len(),
                     "nats" => nats::encode(event, nats::Mode::Binary).0.len(),
@@ -52,7 +53,7 @@ fn main() {
                     _ => event.data.len(),
                 };
                 if step == "ack" {
-                    watermark.ack(job.seq, job.effect);
+                    watermark.ack(item.seq, item.effect);
                 }
             }
         }

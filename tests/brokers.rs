@@ -1,7 +1,7 @@
 //! The brokers of tests/env are real and reachable: one message through Kafka and one through
 //! NATS JetStream, each produced and consumed back.
 
-mod common;
+use kubecast_kit as common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! dry run), `helm install` runs against it, and the RBAC proof runs the real kubecast binary
 //! with a token of the chart's ServiceAccount and the chart's own config.
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;

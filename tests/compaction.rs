@@ -2,7 +2,7 @@
 //! etcd compacted every 5 s) for relist-diff after a restart and while running, and against
 //! the default apiserver (watch cache on: it sends bookmarks) for quiet filtered streams.
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant};

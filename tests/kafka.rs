@@ -5,7 +5,7 @@
 // only serializes the tests, it cannot deadlock a runtime.
 #![allow(clippy::await_holding_lock)]
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::RwLock;

@@ -1,7 +1,7 @@
 //! Operations against the real apiserver: `/metrics` read with a Prometheus text parser, and a
 //! graceful shutdown under load.
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -2,7 +2,7 @@
 //! from persisted checkpoints after kill -9, corrupt checkpoints, selector changes,
 //! `initial = "now"`, kinds served late, and a CRD deleted and re-created while watched.
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Event shaping against the real apiserver: safe payloads, redaction, CEL filters, change
 //! detection, payload modes, exact events read from the file sink (and NATS for Secrets).
 
-mod common;
+use kubecast_kit as common;
 
 use std::time::Duration;
 

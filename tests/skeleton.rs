@@ -1,7 +1,7 @@
 //! Walking skeleton against the real kube-apiserver from tests/env: the CloudEvent contract,
 //! CRDs, selectors, and clear errors for unknown or forbidden resources.
 
-mod common;
+use kubecast_kit as common;
 
 use std::time::Duration;
 

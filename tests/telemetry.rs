@@ -1,7 +1,7 @@
 //! OpenTelemetry traces: a test-local OTLP receiver (real OTLP/HTTP protobuf) gets the spans of
 //! a delivery to the real NATS JetStream, and the message carries the same trace id.
 
-mod common;
+use kubecast_kit as common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

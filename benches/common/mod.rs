@@ -1,22 +1,23 @@
-//! Shared by the delivery benchmarks: the recorded stream of ~10 KB Pods, kubecast's delivery
-//! path around a given sink, and CPU time.
+//! Shared by the delivery benchmarks: the recorded stream of ~10 KB Pods, kubecast driven
+//! through its real wiring (`app::wiring::Pipeline`) into a given sink, and CPU time. The test
+//! servers, their env file and clients come from the test kit (`tests/kit`).
 
+// Each benchmark uses a part of it.
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
 use kube::api::{ApiResource, GroupVersionKind, WatchEvent};
-use kubecast::delivery::dead_letter::DeadLetter;
-use kubecast::delivery::queue::{Job, Queue};
-use kubecast::delivery::retry::RetryPolicy;
-use kubecast::delivery::{DeadLetterConfig, DeliveryConfig};
-use kubecast::model::{Change, Effect, EventSource, Fields, IndexEntry, IndexOp, Origin, RawObject, Verb};
-use kubecast::sink::{Outbound, Sink};
-use kubecast::state::store::{CheckpointStore, StreamKey};
-use kubecast::state::watermark::StreamCheckpoint;
+use kubecast::app::wiring::{CHANNEL_CAPACITY, Pipeline};
+use kubecast::config::Config;
+use kubecast::model::{Change, CloudEvent, Effect, EventSource, IndexEntry, IndexOp, Origin, RawObject, Verb};
+use kubecast::sink::Sink;
+use kubecast::source::reflector::Item;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 pub const OBJECTS: usize = 5000;
 
@@ -36,19 +37,16 @@ pub fn side(side: &str) -> bool {
     arg("--side").is_none_or(|s| s == side)
 }
 
-/// Starts `service` of tests/env (idempotent; left running) and returns the env file's text.
-pub fn env_up(service: &str) -> String {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let status = std::process::Command::new(repo.join("tests/env/up")).arg(service).status().expect("tests/env/up");
-    assert!(status.success(), "tests/env/up {service} failed");
-    std::fs::read_to_string(repo.join("target/kubecast-env/env")).expect("env file")
+/// The env file of the test environment with `service` running (`kubecast_kit::env_up`: runs
+/// `tests/env/up service`, idempotent, left running; with `KUBECAST_ENV_FILE` set, that
+/// environment as it is).
+pub fn env_up(service: &str) -> kubecast_kit::Env {
+    kubecast_kit::env_up(&[service])
 }
 
-pub fn env_value(env: &str, key: &str) -> String {
-    env.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("{key} in env file"))
-        .to_string()
+/// `key` of the env file `env`.
+pub fn env_value(env: &kubecast_kit::Env, key: &str) -> String {
+    env.get(key).cloned().unwrap_or_else(|| panic!("{key} in env file"))
 }
 
 pub fn pods() -> ApiResource {
@@ -257,86 +255,81 @@ fn pod(n: usize, generation: usize) -> Value {
     })
 }
 
-/// The same stream through kubecast's delivery path into `sink`.
-pub async fn kubecast(sink: Sink, recording: &Arc<Vec<bytes::Bytes>>, ar: &ApiResource) -> (f64, f64) {
-    let sink = Arc::new(sink);
+/// The config of kubecast's side: one stream, the v1 Pods of namespace `shop` (the recording's),
+/// `keep_managed_fields = true` so that shaping leaves each object as the watch delivered it
+/// (the raw side sends the same bytes), the `[sink]` table `sink`, checkpoints in `dir`. Loaded
+/// as the binary loads its file (`KUBECAST_*__*` variables apply).
+pub fn config(dir: &Path, sink: &str) -> Config {
+    let text = format!(
+        "[cluster]\nname = \"bench\"\n\n[checkpoint]\ndir = \"{}\"\n\n{sink}\n\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nnamespaces = [\"shop\"]\nkeep_managed_fields = true\n",
+        dir.join("state").display()
+    );
+    let path = dir.join("kubecast.toml");
+    std::fs::write(&path, text).unwrap();
+    Config::load(Some(&path)).unwrap_or_else(|e| panic!("the benchmark's config: {e}"))
+}
+
+/// The same stream through kubecast's own wiring into the sink of the `[sink]` table `sink`:
+/// the sink opened and the stages after the reflectors started as `kubecast run` does
+/// (`Sink::open`, `Pipeline::new`, `Pipeline::start_downstream`: shaping, the queue, the
+/// persister), the reflectors' channel fed with the items a reflector makes of the recorded
+/// watch lines ([`item`]). Measured from the first item to the last acknowledgement.
+pub async fn kubecast(sink: &str, recording: &Arc<Vec<bytes::Bytes>>) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
-    let store = CheckpointStore::open(dir.path()).unwrap();
-    let key = StreamKey {
-        cluster: "bench".into(),
-        group: "".into(),
-        version: "v1".into(),
-        kind: "Pod".into(),
-        namespace: Some("shop".into()),
-        label_selector: "".into(),
-        field_selector: "".into(),
-    };
-    let (checkpoint, _) = StreamCheckpoint::load(store, key).unwrap();
-    let cfg = DeliveryConfig::default();
-    let retry = RetryPolicy::new(&cfg);
-    let queue = Queue {
-        sink,
-        limiter: None,
-        retry,
-        dead_letter: Arc::new(DeadLetter::new(&DeadLetterConfig::default(), dir.path(), retry)),
-        max_in_flight: cfg.max_in_flight,
-        capacity: cfg.queue_capacity,
-        checkpoints: vec![Arc::new(checkpoint)],
-        metrics: vec![Arc::new(kubecast::observe::metrics::StreamMetrics::new("", "Pod", "bench"))],
-    };
-    let source = Arc::new(EventSource::new("bench", ar));
-    // Shared with the caller; each line is copied as it is read (`job`, `read`).
+    let pipeline = Pipeline::new(config(dir.path(), sink)).expect("checkpoint store");
+    let config = &pipeline.config;
+    let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await.expect("sink"));
+    let source = Arc::new(EventSource::new(&config.cluster.name, &pods()));
+    // Shared with the caller; each line is copied as it is read (`read`).
     let recording = recording.clone();
     let events = recording.len();
+    let cancel = CancellationToken::new();
     settle();
     let (threads0, cpu0, t0) = (thread_cpu(), cpu_seconds(), Instant::now());
-    let (tx, rx) = mpsc::channel::<Job>(1024);
-    // As `pipeline::shape`: a structured-mode sink gets its events' structured form built
-    // when they are made.
-    let seal = queue.sink.sends_structured();
-    let producer = tokio::spawn(async move {
+    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    // Tasks of the runtime, as in the binary: its two workers run everything, the thread
+    // blocked on the benchmark's main future stays idle.
+    let downstream = pipeline.start_downstream(sink, items_rx, &cancel);
+    let reflector = tokio::spawn(async move {
         for (seq, line) in recording.iter().enumerate() {
-            let mut job = job(seq as u64, line, &source);
-            if seal {
-                job.msg.as_mut().expect("an event").event.seal_structured();
-            }
-            if tx.send(job).await.is_err() {
+            if items_tx.send(item(seq as u64, &read(line), &source)).await.is_err() {
                 return;
             }
         }
+        // The channel closes here: the shaper ends, then the queue once all is delivered.
     });
-    // A task of the runtime, as in the binary (`pipeline::run` spawns the queue): its two
-    // workers run everything, the thread blocked on the benchmark's main future stays idle.
-    tokio::spawn(async move { queue.run(rx).await }).await.unwrap().expect("delivered");
-    producer.await.unwrap();
+    downstream.queue.await.unwrap().expect("delivered");
     let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    reflector.await.unwrap();
+    downstream.shaper.await.unwrap();
     println!("kubecast {}", cpu_split(&threads0, events));
+    cancel.cancel();
+    downstream.persister.await.unwrap();
     figures
 }
 
-/// One recorded change as the queue gets it: what the reflector does with a watch line
-/// (`watch::decode_line`: the object's text checked and kept, its identity decoded), then what
-/// `pipeline::shape` does (the CloudEvent and the destination fields).
-pub fn job(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Job {
-    let object = object(&read(line));
-    let uid = object.metadata.uid.clone().unwrap();
-    let rv = object.metadata.resource_version.clone().unwrap();
-    let entry = IndexEntry {
-        namespace: Some("shop".into()),
-        name: object.metadata.name.clone().unwrap(),
-        resource_version: rv.clone(),
-    };
-    let fields = Fields { of_type: source.type_fields(), namespace: "shop".into(), verb: "modified" };
-    let change = Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() };
-    let event = change.into_cloudevent().unwrap();
-    Job {
+/// What a reflector emits for a recorded watch line (a MODIFIED event): the object decoded as
+/// it decodes it (`watch::decode_line`: the text checked and kept, the identity decoded), its
+/// effect on the stream's position (the index entry, the resourceVersion) and the change.
+pub fn item(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Item {
+    let object = object(line);
+    let m = &object.metadata;
+    let uid = m.uid.clone().unwrap();
+    let rv = m.resource_version.clone().unwrap();
+    let entry =
+        IndexEntry { namespace: m.namespace.clone(), name: m.name.clone().unwrap(), resource_version: rv.clone() };
+    Item {
         stream: 0,
         seq,
-        effect: Effect::Watched { op: IndexOp::Upsert(uid.clone(), entry), rv },
-        msg: Some(Box::new(Outbound { event, fields, route: None, trace: None })),
-        limiter: None,
-        verb: Verb::Modified,
+        effect: Effect::Watched { op: IndexOp::Upsert(uid, entry), rv },
+        change: Some(Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() }),
     }
+}
+
+/// The CloudEvent kubecast sends for a recorded line (the benchmark's config leaves it as the
+/// change made it), for the raw clients that send kubecast's own messages.
+pub fn event(line: &bytes::Bytes, source: &Arc<EventSource>) -> CloudEvent {
+    item(0, line, source).change.unwrap().into_cloudevent().unwrap()
 }
 
 /// CPU seconds (user + system) of each live thread of this process, summed by thread name
@@ -363,7 +356,8 @@ pub fn thread_cpu() -> (std::collections::BTreeMap<String, f64>, u64) {
     }
     // The test environment's servers (not threads of this process): their CPU is on the
     // same cores, so what a side costs the broker shows too.
-    let state = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/kubecast-env");
+    let env_file = kubecast_kit::env_file();
+    let state = env_file.parent().unwrap();
     for server in ["kafka", "nats"] {
         let Ok(pid) = std::fs::read_to_string(state.join(server).join("pid")) else { continue };
         if let Some(cpu) = process_cpu(&format!("/proc/{}/stat", pid.trim())) {

@@ -1,0 +1,108 @@
+//! Clients for the test apiservers, namespaces and ConfigMaps.
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use serde_json::Value;
+
+use crate::env::kubeconfig;
+
+/// An admin client for the test apiserver.
+pub async fn client() -> Client {
+    client_for(&kubeconfig()).await
+}
+
+/// A client for the apiserver of the kubeconfig file `kubeconfig`.
+pub async fn client_for(kubeconfig: &str) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
+    Client::try_from(cfg).expect("client")
+}
+
+/// Creates ConfigMap `name` with `labels` and `data`.
+pub async fn create_cm(client: &Client, ns: &str, name: &str, labels: Value, data: Value) -> ConfigMap {
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "labels": labels}, "data": data
+    }))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create configmap")
+}
+
+/// Creates ConfigMaps `names` (data `v = "0"`) concurrently; returns name -> (uid, resourceVersion).
+pub async fn create_cms(client: &Client, ns: &str, names: &[String]) -> HashMap<String, (String, String)> {
+    use futures::StreamExt;
+    futures::stream::iter(names.iter().cloned())
+        .map(|name| async move {
+            let c = create_cm(client, ns, &name, serde_json::json!({}), serde_json::json!({"v": "0"})).await;
+            (name, (c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()))
+        })
+        .buffer_unordered(8)
+        .collect()
+        .await
+}
+
+/// `prefix00`, `prefix01`, ... for `range`.
+pub fn names(prefix: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("{prefix}{i:02}")).collect()
+}
+
+/// A config watching the ConfigMaps of `ns`, with `cluster_extra` lines in `[cluster]`.
+pub fn cm_config(ns: &str, cluster_extra: &str) -> String {
+    format!(
+        "[cluster]\nname = \"e2e\"\n{cluster_extra}\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n"
+    )
+}
+
+/// A unique name with a readable prefix.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    format!("{prefix}-{}-{:x}{}", std::process::id(), nanos & 0xfffff, N.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Creates namespace `name` with `labels`.
+pub async fn create_namespace(client: &Client, name: &str, labels: &[(&str, &str)]) -> kube::Result<Namespace> {
+    let labels: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: (!labels.is_empty()).then_some(labels),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await
+}
+
+/// A fresh namespace, deleted (in the background, by the server) when dropped. The test
+/// environment has no controller-manager: a deleted namespace stays `Terminating`, with what
+/// it held.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    pub async fn new(client: &Client, prefix: &str) -> Self {
+        let name = unique(prefix);
+        create_namespace(client, &name, &[]).await.expect("create namespace");
+        Self { name, client: client.clone() }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let (client, name) = (self.client.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = Api::<Namespace>::all(client).delete(&name, &DeleteParams::default()).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The test servers' env files, written by `tests/env/up` and `tests/env/compacting up`.
+//!
+//! Where they are: `KUBECAST_ENV_FILE` (resp. `KUBECAST_COMPACTING_ENV_FILE`), else
+//! `$KUBECAST_ENV_STATE/env` (resp. `$KUBECAST_ENV_COMPACTING_STATE/env`, the scripts' own
+//! variables), else `<repo>/target/kubecast-env/env` (resp. `target/kubecast-env-compacting/env`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The key/value pairs of an env file.
+pub type Env = HashMap<String, String>;
+
+/// The repository's root (this crate lives in `tests/kit`).
+pub fn repo_root() -> &'static Path {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| {
+        let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
+        kit.ancestors().nth(2).expect("tests/kit is two levels below the repository").to_path_buf()
+    })
+}
+
+/// The env file of the main test environment (see the module documentation).
+pub fn env_file() -> PathBuf {
+    located("KUBECAST_ENV_FILE", "KUBECAST_ENV_STATE", "target/kubecast-env")
+}
+
+/// The env file of the compacting apiserver.
+pub fn compacting_env_file() -> PathBuf {
+    located("KUBECAST_COMPACTING_ENV_FILE", "KUBECAST_ENV_COMPACTING_STATE", "target/kubecast-env-compacting")
+}
+
+fn located(file_var: &str, state_var: &str, default_state: &str) -> PathBuf {
+    if let Some(file) = std::env::var_os(file_var) {
+        return file.into();
+    }
+    std::env::var_os(state_var).map_or_else(|| repo_root().join(default_state), PathBuf::from).join("env")
+}
+
+fn parse(text: &str) -> Env {
+    text.lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().trim_matches('"').trim_matches('\'').to_string()))
+        .collect()
+}
+
+/// Key/value pairs of the env file written by `tests/env/up` (read once).
+pub fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let path = env_file();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("test environment file {} is missing ({e}): run the suite with ./tests/run, or start the servers with tests/env/up", path.display())
+        });
+        parse(&text)
+    })
+}
+
+/// The kubeconfig of the compacting apiserver (`tests/env/compacting up`): watch cache off,
+/// etcd compaction every 5 s, so resource versions expire (410 Gone) within seconds.
+pub fn compacting_kubeconfig() -> String {
+    static KC: OnceLock<String> = OnceLock::new();
+    KC.get_or_init(|| {
+        let path = compacting_env_file();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{} is missing ({e}): run the suite with ./tests/run, or start it with tests/env/compacting up",
+                path.display()
+            )
+        });
+        parse(&text)
+            .remove("KUBECONFIG")
+            .unwrap_or_else(|| panic!("no KUBECONFIG in {}: is the compacting apiserver running?", path.display()))
+    })
+    .clone()
+}
+
+pub fn env_var(key: &str) -> String {
+    env()
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("{key} is not in the test environment file: is that server started by tests/env/up?"))
+}
+
+pub fn kubeconfig() -> String {
+    env_var("KUBECONFIG")
+}
+
+/// For the benchmarks: makes sure `services` of the main environment run and returns its env
+/// file, read now. `tests/env/up` is idempotent and leaves running servers alone. With
+/// `KUBECAST_ENV_FILE` set, that environment is used as it is: nothing is started.
+pub fn env_up(services: &[&str]) -> Env {
+    up("KUBECAST_ENV_FILE", &repo_root().join("tests/env/up"), services);
+    let path = env_file();
+    parse(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("env file {}: {e}", path.display())))
+}
+
+/// For the benchmarks: makes sure the compacting apiserver runs (`tests/env/compacting up`,
+/// unless `KUBECAST_COMPACTING_ENV_FILE` is set) and returns its kubeconfig.
+pub fn compacting_up() -> String {
+    up("KUBECAST_COMPACTING_ENV_FILE", &repo_root().join("tests/env/compacting"), &["up"]);
+    compacting_kubeconfig()
+}
+
+fn up(file_var: &str, script: &Path, args: &[&str]) {
+    if std::env::var_os(file_var).is_some() {
+        return;
+    }
+    let status = Command::new(script).args(args).status().unwrap_or_else(|e| panic!("{}: {e}", script.display()));
+    assert!(status.success(), "{} {} failed ({status}); see tests/env/README.md", script.display(), args.join(" "));
+}

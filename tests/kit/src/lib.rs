@@ -1,0 +1,23 @@
+//! kubecast's test kit, shared by `tests/` and `benches/`:
+//!
+//! * [`env`]: the real servers started by `tests/env/up` (one environment shared by every test)
+//!   and the compacting apiserver of `tests/env/compacting`, found through their env files;
+//! * [`cluster`]: a Kubernetes client for them, namespaces, ConfigMaps;
+//! * [`process`]: running the kubecast binary ([`Kubecast`]: a file sink and a checkpoint dir
+//!   in a fresh directory, its log, its admin server, signals);
+//! * [`sink`]: reading what it emitted (JSON lines of CloudEvents).
+//!
+//! Everything is also re-exported here, so a test reads `use kubecast_kit as common;` and
+//! `common::client()`. The kit does not depend on the kubecast library: tests drive the binary.
+
+pub mod cluster;
+pub mod env;
+pub mod process;
+pub mod sink;
+
+pub use cluster::{
+    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, names, unique,
+};
+pub use env::{Env, compacting_kubeconfig, compacting_up, env, env_file, env_up, env_var, kubeconfig, repo_root};
+pub use process::{Kubecast, bin, set_bin};
+pub use sink::{about, pretty, read_events, verb};
