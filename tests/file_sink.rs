@@ -2,7 +2,7 @@
 //! file size limit of the process, `ulimit -f`) is cut back, and after a crash the restart
 //! goes on from whole lines.
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -22,7 +22,7 @@ fn spawn(dir: &Path, limit_kb: Option<u64>) -> Child {
         Some(kb) => format!("trap '' XFSZ; ulimit -f {kb}; exec \"$0\" run --config \"$1\""),
         None => "exec \"$0\" run --config \"$1\"".to_string(),
     };
-    cmd.args(["-c", &script, common::bin()]).arg(dir.join("kubecast.toml"));
+    cmd.arg("-c").arg(&script).arg(common::bin()).arg(dir.join("kubecast.toml"));
     cmd.env("KUBECONFIG", common::kubeconfig())
         .env("RUST_LOG", "warn")
         .env("KUBECAST_ADMIN__LISTEN", "127.0.0.1:0")

@@ -3,7 +3,7 @@
 //! permanent failures. The event goes to the dead letter with the reason, and the stream's
 //! checkpoint moves on.
 
-mod common;
+use kubecast_kit as common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Shutdown has one deadline: `[delivery] shutdown_timeout_seconds` bounds the whole drain
 //! (shaping, queue, producer flush), and the final checkpoint is written in every outcome.
 
-mod common;
+use kubecast_kit as common;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

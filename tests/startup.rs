@@ -1,7 +1,7 @@
 //! Start-up refusals that name what is wrong: a second process on one checkpoint directory,
 //! a broken kubeconfig named by `KUBECONFIG`.
 
-mod common;
+use kubecast_kit as common;
 
 use std::process::Command;
 use std::time::Duration;

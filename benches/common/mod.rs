@@ -323,6 +323,7 @@ pub fn item(seq: u64, line: &bytes::Bytes, source: &Arc<EventSource>) -> Item {
         seq,
         effect: Effect::Watched { op: IndexOp::Upsert(uid, entry), rv },
         change: Some(Change { verb: Verb::Modified, origin: Origin::Watch, object, source: source.clone() }),
+        delivered_before: false,
     }
 }
 

@@ -63,7 +63,19 @@ fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool
     let m = &stream.metrics;
     m.read.store(item.seq + 1, std::sync::atomic::Ordering::Relaxed);
     let verb = item.change.as_ref().map_or(Verb::Added, |c| c.verb);
+    let delivered_before = item.delivered_before;
     let msg = item.change.and_then(|change| {
+        if delivered_before {
+            // Sent before the restart, not again; the per-object state (status-only hashes,
+            // previous objects) follows it, so the next change is shaped against this one.
+            if shaper.keeps_state() {
+                let (verb, key) = (change.verb, change.object.metadata.uid.clone().unwrap_or_default());
+                if let Ok(mut event) = change.into_cloudevent() {
+                    let _ = shaper.apply(verb, &key, false, &mut event);
+                }
+            }
+            return None;
+        }
         m.observed[change.verb.index()].inc();
         let wanted = shaper.wants(change.verb);
         if !wanted && !shaper.keeps_state() {
@@ -124,4 +136,70 @@ fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool
         }
     });
     Job { stream: item.stream, seq: item.seq, effect: item.effect, msg, limiter: stream.limiter.clone(), verb }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kube::api::{ApiResource, GroupVersionKind};
+
+    use super::*;
+    use crate::model::{Change, Effect, EventSource, Origin, RawObject};
+    use crate::shaping::{PayloadMode, ShapingOptions};
+
+    fn item(seq: u64, data: serde_json::Value, delivered_before: bool) -> Item {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "ConfigMap"), "configmaps");
+        let object = RawObject::from_value(&serde_json::json!({
+            "metadata": {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": seq.to_string()},
+            "data": data
+        }))
+        .unwrap();
+        let source = Arc::new(EventSource::new("c", &ar));
+        let verb = if seq == 1 { Verb::Added } else { Verb::Modified };
+        Item {
+            stream: 0,
+            seq,
+            effect: Effect::Bookmark(seq.to_string()),
+            change: Some(Change { verb, origin: Origin::Watch, object, source }),
+            delivered_before,
+        }
+    }
+
+    /// A change delivered before a restart is not sent again, but the next change is shaped
+    /// against it: its patch starts from it, not from the version before.
+    #[test]
+    fn a_change_delivered_before_a_restart_is_not_sent_but_shapes_the_next() {
+        let options = ShapingOptions {
+            kind: "ConfigMap".into(),
+            events: Verb::ALL.to_vec(),
+            keep_previous: true,
+            payload: PayloadMode::Patch,
+            redact_secrets: true,
+            ..Default::default()
+        };
+        let streams = [StreamRoute {
+            shaper: 0,
+            metrics: Arc::new(StreamMetrics::new("", "ConfigMap", "stage-test")),
+            route: None,
+            limiter: None,
+        }];
+        let mut shapers = [Shaper::new(&options)];
+        let first = shape(item(1, serde_json::json!({"v": "one"}), false), &streams, &mut shapers, false);
+        assert!(first.msg.is_some());
+        // Adds a key: a patch from version 1 would add it again.
+        let skipped = shape(item(2, serde_json::json!({"v": "two", "w": "x"}), true), &streams, &mut shapers, false);
+        assert!(skipped.msg.is_none(), "delivered before: not sent again");
+        assert_eq!(skipped.seq, 2, "still acknowledged in its place");
+        let next = shape(item(3, serde_json::json!({"v": "three", "w": "x"}), false), &streams, &mut shapers, false)
+            .msg
+            .expect("sent");
+        let patch: serde_json::Value = serde_json::from_slice(&next.event.data).unwrap();
+        let v = patch.as_array().unwrap().iter().find(|op| op["path"] == "/data/v").expect("a data op");
+        assert_eq!(v["value"], "three");
+        assert!(
+            !patch.as_array().unwrap().iter().any(|op| op["path"] == "/data/w"),
+            "the patch starts from the skipped version 2, not from version 1: {patch}"
+        );
+    }
 }

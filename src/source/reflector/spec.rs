@@ -67,6 +67,10 @@ pub struct Item {
     pub seq: u64,
     pub effect: Effect,
     pub change: Option<Change>,
+    /// The change was delivered before a restart (`acked_ahead`): it is not sent again, but
+    /// shaping sees it, so its per-object state (`ignore_status_only`, `keep_previous`) is
+    /// the object's latest, not a version from before it.
+    pub delivered_before: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -151,10 +151,20 @@ impl Reflector {
 
     /// Numbers an item and hands it to the pipeline (waits while the channel is full).
     pub(super) async fn emit(&mut self, effect: Effect, change: Option<Change>) -> Result<(), Closed> {
+        self.emit_item(effect, change, false).await
+    }
+
+    /// [`Self::emit`]; `delivered_before`: see [`Item::delivered_before`].
+    pub(super) async fn emit_item(
+        &mut self,
+        effect: Effect,
+        change: Option<Change>,
+        delivered_before: bool,
+    ) -> Result<(), Closed> {
         if change.as_ref().is_some_and(|c| c.origin == Origin::Resync) {
             self.metrics.resync_events.inc();
         }
-        let item = Item { stream: self.spec.id, seq: self.seq, effect, change };
+        let item = Item { stream: self.spec.id, seq: self.seq, effect, change, delivered_before };
         self.seq += 1;
         self.tx.send(item).await.map_err(|_| Closed)
     }

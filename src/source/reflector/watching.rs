@@ -129,11 +129,13 @@ impl Reflector {
             };
             let watched = diff::watched(&mut self.index, &mut self.acked_ahead, verb, uid, entry);
             rv = watched.rv;
-            let change = (!watched.already_sent).then(|| self.change(verb, Origin::Watch, obj));
+            // A change delivered before the restart is not sent again; it still goes to shaping
+            // (its per-object state must follow the object).
+            let change = Some(self.change(verb, Origin::Watch, obj));
             if watched.already_sent {
                 debug!(stream = %self.spec.name, resource_version = %rv, "change delivered before the restart; not sent again");
             }
-            if self.emit(watched.effect, change).await.is_err() {
+            if self.emit_item(watched.effect, change, watched.already_sent).await.is_err() {
                 return Ok(Err(Closed));
             }
         }
