@@ -105,6 +105,12 @@ type BadCase = (&'static str, &'static str, &'static [(&'static str, &'static st
 const BAD: &[BadCase] = &[
     ("TOML syntax error", "[cluster\nname = 1", &[], &["line 1", "fix:"]),
     (
+        "the dead letter in the sink's own file",
+        "[sink]\ntype = \"file\"\npath = \"/tmp/e.jsonl\"\n[delivery.dead_letter]\npath = \"/tmp/e.jsonl\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["delivery.dead_letter.path", "sink.path", "a file of its own"],
+    ),
+    (
         "unknown top-level key",
         "[clusterr]\nname = \"x\"",
         &[],

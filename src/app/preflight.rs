@@ -14,16 +14,16 @@ use crate::model::{Fields, TypeFields};
 use crate::sink::template::Template;
 use crate::sink::{NatsSink, Sink, SinkError};
 
-/// JetStream: a stream must cover the subjects events go to. Checked at start for each
-/// resource's subjects (its kind found by discovery; a namespace of the configured ones, or
-/// `default`); when NATS is not reachable yet, checked once it is (then a missing stream is
-/// logged, and the events wait and retry instead of stopping kubecast).
 /// The dead-letter destination takes dead letters (see [`DeadLetter::check`]).
 pub async fn check_dead_letter(config: &Config, sink: &Sink) -> Result<(), DeliveryError> {
     let d = &config.delivery;
     DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, RetryPolicy::new(d)).check(sink).await
 }
 
+/// JetStream: a stream must cover the subjects events go to. Checked at start for each
+/// resource's subjects (its kind found by discovery; a namespace of the configured ones, or
+/// `default`); when NATS is not reachable yet, checked once it is (then a missing stream is
+/// logged, and the events wait and retry instead of stopping kubecast).
 pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &Arc<Sink>) -> Result<(), SinkError> {
     let Some(n) = sink.nats() else { return Ok(()) };
     if !n.jetstream() {

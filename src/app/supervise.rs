@@ -85,7 +85,13 @@ pub async fn probe_apiserver(client: kube::Client, url: String, health: Arc<Heal
                 }
                 health.set_apiserver_unreachable(None);
             }
-            Ok(Err(e)) if matches!(e, kube::Error::Api(_)) => health.set_apiserver_unreachable(None),
+            Ok(Err(e)) if matches!(e, kube::Error::Api(_)) => {
+                // It answered (with an error status): reachable.
+                if reported.take().is_some() {
+                    info!(apiserver = %url, "apiserver reachable again");
+                }
+                health.set_apiserver_unreachable(None);
+            }
             outcome => {
                 let error = match outcome {
                     Ok(Err(e)) => e.to_string(),

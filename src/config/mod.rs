@@ -96,6 +96,17 @@ impl Config {
             out.extend(r.problems(self.sink.kind).into_iter().map(|p| p.within(&format!("resources[{i}]"))));
         }
         out.extend(self.same_streams());
+        let dead_letter_file =
+            matches!(self.delivery.dead_letter.kind, crate::delivery::DeadLetterType::File).then(|| {
+                self.delivery.dead_letter.path.clone().unwrap_or_else(|| self.checkpoint.dir.join("dead-letter.jsonl"))
+            });
+        if self.sink.kind == SinkType::File && dead_letter_file.is_some() && dead_letter_file == self.sink.path {
+            out.push(Problem::new(
+                "delivery.dead_letter.path",
+                "is the file of sink.path: the events and the dead letters would cut each other's lines",
+                "give the dead letter a file of its own",
+            ));
+        }
         out
     }
 

@@ -245,6 +245,9 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             Ok(()) => {
                 crate::observe::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
                 metrics.published[verb].inc();
+                if attempt > 1 {
+                    metrics.clear_failure();
+                }
                 break Ok(None);
             }
             Err(SendError::Fatal(reason)) => break Err(DeliveryError::Fatal(reason)),

@@ -200,10 +200,13 @@ impl Attributes {
 impl Attributes {
     /// The attributes of a change: `id` = `{uid}:{rv}:{verb}`, `time` now, no further
     /// extensions.
+    /// `delete_once`: a delete's id leaves the resourceVersion out (see [`super::EventSource`]).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         uid: &str,
         rv: &str,
         verb: &str,
+        delete_once: bool,
         source: &'static str,
         ty: &'static str,
         subject: String,
@@ -211,7 +214,7 @@ impl Attributes {
     ) -> Self {
         // An object is deleted once: a delete's id does not depend on which resourceVersion
         // the path that saw it knew (the watch's deletion or a relist's last known one).
-        let (text, id_len, rv_at) = if verb == "deleted" {
+        let (text, id_len, rv_at) = if delete_once && verb == "deleted" {
             let text = [uid, ":deleted", rv].concat();
             let id_len = uid.len() + ":deleted".len();
             (text, id_len, id_len)

@@ -2,8 +2,10 @@
 //!
 //! * `id` = `{uid}:{resourceVersion}:{verb}` for `added` and `modified`, `{uid}:deleted` for
 //!   `deleted` (an object is deleted once; the watch's deletion and a relist's tombstone know
-//!   different resourceVersions of it): the same change gets the same id, also after restarts
-//!   and relists, so consumers can drop duplicates on `source` + `id`.
+//!   different resourceVersions of it); on a stream with a label or field selector, where
+//!   an object can leave (reported deleted) and come back, `{uid}:{resourceVersion}:deleted`.
+//!   The same change gets the same id, also after restarts and relists, so consumers can drop
+//!   duplicates on `source` + `id`.
 //! * `source` = `k8s://{cluster}/api/v1/{plural}` for the core group,
 //!   `k8s://{cluster}/apis/{group}/{version}/{plural}` otherwise.
 //! * `type` = `io.kubecast.{group}.{Kind}.{verb}`, group `core` for the core group, verb one
@@ -183,6 +185,11 @@ pub struct EventSource {
     types: [&'static str; 3],
     resource: ApiResource,
     type_fields: &'static TypeFields,
+    /// Whether an object leaves the stream only by being deleted (no label or field
+    /// selector): then a delete's id is `{uid}:deleted`, the same whichever path saw it. With a
+    /// selector, an object that stops matching is reported deleted, may match again and leave
+    /// again: its deletes keep `{uid}:{rv}:deleted`, distinct ids.
+    delete_once: bool,
 }
 
 impl EventSource {
@@ -194,7 +201,13 @@ impl EventSource {
         };
         let type_fields = TypeFields::new(cluster, ar).intern();
         let ty = |verb: Verb| intern(format!("io.kubecast.{}.{}.{}", type_fields.group, ar.kind, verb.as_str()));
-        Self { source: intern(source), types: Verb::ALL.map(ty), resource: ar.clone(), type_fields }
+        Self { source: intern(source), types: Verb::ALL.map(ty), resource: ar.clone(), type_fields, delete_once: true }
+    }
+
+    /// For a stream with a label or field selector (see `delete_once`).
+    pub fn with_selector(mut self, selected: bool) -> Self {
+        self.delete_once = !selected;
+        self
     }
 
     /// The destination template fields of the resource type.
@@ -225,8 +238,16 @@ impl EventSource {
             Some(ns) if !ns.is_empty() => [ns, "/", name].concat(),
             _ => name.to_string(),
         };
-        let attributes =
-            Attributes::new(uid, rv, verb.as_str(), self.source, self.types[verb.index()], subject, origin);
+        let attributes = Attributes::new(
+            uid,
+            rv,
+            verb.as_str(),
+            self.delete_once,
+            self.source,
+            self.types[verb.index()],
+            subject,
+            origin,
+        );
         // List items come without apiVersion/kind; every payload describes itself.
         let data = object.into_json_bytes(&self.resource);
         Ok(CloudEvent { attributes, data, structured: None })
@@ -365,6 +386,19 @@ mod tests {
         assert_eq!(AttributeValue::Bool(false).text(), "false");
         let t = chrono::DateTime::parse_from_rfc3339("2026-11-22T06:00:00.123456+00:00").unwrap().to_utc();
         assert_eq!(AttributeValue::Time(&t).text(), "2026-11-22T06:00:00.123456Z");
+    }
+
+    #[test]
+    fn with_a_selector_deletes_keep_their_resource_version() {
+        let ar = ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Pod"), "pods");
+        let src = Arc::new(EventSource::new("c", &ar).with_selector(true));
+        let obj =
+            RawObject::from_value(&serde_json::json!({"metadata": {"name": "a", "uid": "u", "resourceVersion": "7"}}))
+                .unwrap();
+        let ev =
+            Change { verb: Verb::Deleted, origin: Origin::Watch, object: obj, source: src }.into_cloudevent().unwrap();
+        assert_eq!(ev.id(), "u:7:deleted", "an object that left the selector may leave again: distinct ids");
+        assert_eq!(ev.attributes.resource_version(), "7");
     }
 
     #[test]

@@ -223,7 +223,6 @@ impl StreamMetrics {
         }
     }
 
-    /// A change not sent, and why (one of [`FILTER_REASONS`]).
     /// Records a failed send (the failure path only).
     pub fn note_failure(&self, event_id: &str, reason: &str) {
         *self.last_failure.lock().expect("metrics lock") = Some((event_id.to_string(), reason.to_string()));
@@ -234,6 +233,12 @@ impl StreamMetrics {
         self.last_failure.lock().expect("metrics lock").clone()
     }
 
+    /// A send that had failed went through (the slow path only).
+    pub fn clear_failure(&self) {
+        *self.last_failure.lock().expect("metrics lock") = None;
+    }
+
+    /// A change not sent, and why (one of [`FILTER_REASONS`]).
     pub fn filtered(&self, verb: Verb, reason: &'static str) {
         let r = FILTER_REASONS.iter().position(|x| *x == reason).expect("a known filter reason");
         self.filtered[verb.index()][r].inc();

@@ -27,8 +27,18 @@ pub struct FileSink {
     writer: Mutex<Writer>,
     /// Lines written so far (the generation of the last one).
     written: AtomicU64,
-    /// Lines known to be on disk.
-    synced: Mutex<u64>,
+    /// Lines known to be on disk, and the last line an fsync failed for.
+    synced: Mutex<Synced>,
+    /// A regular file (fsync, cut back); not for a pipe or a device such as `/dev/stdout`.
+    regular: bool,
+}
+
+#[derive(Default)]
+struct Synced {
+    through: u64,
+    /// Lines up to here were covered by a failed fsync: their sends fail (retried), even when
+    /// a later fsync of the same file succeeds (the kernel may have dropped their pages).
+    failed_through: u64,
 }
 
 struct Writer {
@@ -36,26 +46,37 @@ struct Writer {
     len: u64,
     /// A failed write may have left part of a line after `len`.
     torn: bool,
+    /// Only a regular file can be cut back.
+    regular: bool,
 }
 
 impl FileSink {
     pub async fn open(path: PathBuf) -> Result<Self, SinkError> {
-        let open = || -> std::io::Result<(File, u64)> {
-            let mut file = std::fs::OpenOptions::new().create(true).append(true).read(true).open(&path)?;
-            let len = whole_lines_len(&mut file)?;
-            if len < file.metadata()?.len() {
-                tracing::warn!(path = %path.display(), "the file ended in a partial line (a write cut short); cut back to the last whole line");
-                file.set_len(len)?;
+        let open = || -> std::io::Result<(File, u64, bool)> {
+            let file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
+            let regular = file.metadata()?.file_type().is_file();
+            if !regular {
+                return Ok((file, 0, false));
             }
-            Ok((file, len))
+            // Read access for the tail check (a write-only file stays usable without it).
+            if let Ok(mut readable) = std::fs::OpenOptions::new().read(true).open(&path) {
+                let len = whole_lines_len(&mut readable)?;
+                if len < file.metadata()?.len() {
+                    tracing::warn!(path = %path.display(), "the file ended in a partial line (a write cut short); cut back to the last whole line");
+                    file.set_len(len)?;
+                }
+            }
+            let len = file.metadata()?.len();
+            Ok((file, len, true))
         };
-        let (file, len) = open().map_err(|cause| SinkError::Open { path: path.clone(), cause })?;
+        let (file, len, regular) = open().map_err(|cause| SinkError::Open { path: path.clone(), cause })?;
         Ok(Self {
             path,
             file: Arc::new(file),
-            writer: Mutex::new(Writer { len, torn: false }),
+            writer: Mutex::new(Writer { len, torn: false, regular }),
             written: AtomicU64::new(0),
-            synced: Mutex::new(0),
+            synced: Mutex::new(Synced::default()),
+            regular,
         })
     }
 
@@ -72,24 +93,38 @@ impl FileSink {
             w.append(&self.file, line).map_err(|e| io_send_error(&target(), e))?;
             self.written.fetch_add(1, Ordering::AcqRel) + 1
         };
+        if !self.regular {
+            return Ok(());
+        }
         let mut synced = self.synced.lock().await;
-        if *synced >= generation {
+        if generation <= synced.failed_through {
+            return Err(SendError::Retriable(format!("{}: fsync failed for this line", target())));
+        }
+        if synced.through >= generation {
             return Ok(()); // another send's fsync covered this line
         }
         let covers = self.written.load(Ordering::Acquire);
         let file = self.file.clone();
-        tokio::task::spawn_blocking(move || file.sync_data())
+        let result = tokio::task::spawn_blocking(move || file.sync_data())
             .await
-            .map_err(|e| SendError::Retriable(format!("{}: fsync: {e}", target())))?
-            .map_err(|e| io_send_error(&target(), e))?;
-        *synced = covers;
-        Ok(())
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|r| r);
+        match result {
+            Ok(()) => {
+                synced.through = covers;
+                Ok(())
+            }
+            Err(e) => {
+                synced.failed_through = covers;
+                Err(io_send_error(&format!("{}: fsync", target()), e))
+            }
+        }
     }
 }
 
 impl Writer {
     fn append(&mut self, mut file: &File, line: &[u8]) -> std::io::Result<()> {
-        if self.torn {
+        if self.torn && self.regular {
             file.set_len(self.len)?;
             self.torn = false;
         }
@@ -99,8 +134,8 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                self.torn = true;
-                if file.set_len(self.len).is_ok() {
+                self.torn = self.regular;
+                if self.regular && file.set_len(self.len).is_ok() {
                     self.torn = false;
                 }
                 Err(e)
@@ -148,6 +183,13 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_device_or_pipe_is_written_without_fsync_or_cutting_back() {
+        let sink = FileSink::open("/dev/null".into()).await.unwrap();
+        assert!(!sink.regular);
+        sink.write_line(b"{}\n").await.unwrap();
+    }
+
+    #[tokio::test]
     async fn concurrent_sends_all_land_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
@@ -168,6 +210,6 @@ mod tests {
             .collect();
         seen.sort();
         assert_eq!(seen, (0..200).collect::<Vec<_>>());
-        assert!(*sink.synced.lock().await >= 200, "every line covered by an fsync");
+        assert!(sink.synced.lock().await.through >= 200, "every line covered by an fsync");
     }
 }

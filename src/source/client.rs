@@ -153,7 +153,13 @@ async fn from_kubeconfig_env(paths: &std::ffi::OsStr) -> Result<kube::Config, Cl
             Some(m) => m.merge(kc).map_err(|e| ClientError(format!("KUBECONFIG file {}: {e}", path.display())))?,
         });
     }
-    let kc = merged.ok_or_else(|| ClientError(format!("KUBECONFIG={shown}: no such file")))?;
+    let Some(kc) = merged else {
+        // As kube does: no file there, so in-cluster (or ~/.kube/config) it is.
+        tracing::warn!(kubeconfig = %shown, "KUBECONFIG names no existing file; inferring the configuration instead (in-cluster)");
+        return kube::Config::infer()
+            .await
+            .map_err(|e| ClientError(format!("KUBECONFIG={shown} names no existing file, and: {e}")));
+    };
     kube::Config::from_custom_kubeconfig(kc, &Default::default())
         .await
         .map_err(|e| ClientError(format!("KUBECONFIG={shown}: {e}")))

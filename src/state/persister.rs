@@ -28,6 +28,9 @@ pub async fn run(
             _ = tick.tick() => {}
         }
         for (i, cp) in checkpoints.iter().enumerate() {
+            if cancel.is_cancelled() {
+                return; // the final writes are the shutdown's
+            }
             let cp2 = cp.clone();
             // File I/O off the async workers.
             match tokio::task::spawn_blocking(move || cp2.persist_if_dirty()).await {

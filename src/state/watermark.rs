@@ -66,6 +66,8 @@ pub struct StreamCheckpoint {
     pub key: StreamKey,
     store: CheckpointStore,
     watermark: Mutex<Watermark>,
+    /// Held while the position is encoded and written.
+    writing: Mutex<()>,
     /// Acknowledged items waiting behind an unacknowledged one, readable without the lock
     /// (the queue stops taking jobs while a stream has too many: backpressure, not growth).
     waiting: AtomicUsize,
@@ -76,7 +78,10 @@ impl StreamCheckpoint {
     pub fn load(store: CheckpointStore, key: StreamKey) -> Result<(Self, Option<Position>), CheckpointError> {
         let loaded = store.load(&key)?;
         let wm = Watermark::new(loaded.clone().unwrap_or_default());
-        Ok((Self { key, store, watermark: Mutex::new(wm), waiting: AtomicUsize::new(0) }, loaded))
+        Ok((
+            Self { key, store, watermark: Mutex::new(wm), writing: Mutex::new(()), waiting: AtomicUsize::new(0) },
+            loaded,
+        ))
     }
 
     pub fn ack(&self, seq: u64, effect: Effect) {
@@ -92,6 +97,10 @@ impl StreamCheckpoint {
 
     /// Writes the committed checkpoint if it changed since the last write.
     pub fn persist_if_dirty(&self) -> Result<bool, CheckpointError> {
+        // One write of this stream at a time (the persister's and the final one at shutdown
+        // share a temp file name), in the order they encoded: a later write never loses to an
+        // earlier, older one.
+        let _writing = self.writing.lock().expect("checkpoint write lock");
         let bytes = {
             let mut wm = self.watermark.lock().expect("watermark lock");
             if !wm.dirty {

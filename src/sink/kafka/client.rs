@@ -208,18 +208,30 @@ impl KafkaSink {
         }
     }
 
-    /// Whether `topic` exists (asking for it lets a broker with `auto.create.topics.enable`
-    /// create it); `Err` when the brokers do not answer within 10 s.
+    /// Whether `topic` exists. Asking for it lets a broker with `auto.create.topics.enable`
+    /// create it: a topic being created (leader not available yet, no partitions yet) is asked
+    /// for again, for up to 10 s; `false` when it still is not there. `Err` when the brokers do
+    /// not answer.
     pub async fn topic_exists(&self, topic: &str) -> Result<bool, String> {
         let producer = self.producer.clone();
         let topic = topic.to_string();
         tokio::task::spawn_blocking(move || {
-            let md =
-                producer.client().fetch_metadata(Some(&topic), Duration::from_secs(10)).map_err(|e| e.to_string())?;
-            Ok(match md.topics().iter().find(|t| t.name() == topic) {
-                Some(t) => t.error().is_none() && !t.partitions().is_empty(),
-                None => false,
-            })
+            let until = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let md = producer
+                    .client()
+                    .fetch_metadata(Some(&topic), Duration::from_secs(10))
+                    .map_err(|e| e.to_string())?;
+                let there =
+                    md.topics().iter().any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty());
+                if there {
+                    return Ok(true);
+                }
+                if std::time::Instant::now() >= until {
+                    return Ok(false);
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
         })
         .await
         .map_err(|e| e.to_string())?

@@ -65,7 +65,8 @@ pub(super) struct Watched {
     /// Where the watch resumes now: the event's resourceVersion.
     pub rv: String,
     /// The change was delivered before a restart (out of order, recorded in `acked_ahead`):
-    /// the item is emitted without its change, so it is not sent again.
+    /// the item is emitted with `delivered_before`, so it is not sent again (shaping still
+    /// sees it).
     pub already_sent: bool,
 }
 

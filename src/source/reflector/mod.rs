@@ -175,7 +175,8 @@ impl Reflector {
             (Some(ns), Scope::Namespaced) => Api::namespaced_with(self.spec.client.clone(), ns, &ar),
             (None, _) => Api::all_with(self.spec.client.clone(), &ar),
         };
-        let source = Arc::new(EventSource::new(&self.spec.cluster, &ar));
+        let selected = !self.spec.label_selector.is_empty() || !self.spec.field_selector.is_empty();
+        let source = Arc::new(EventSource::new(&self.spec.cluster, &ar).with_selector(selected));
         self.target = Some(Target { api, source });
         Ok(match self.resume.take() {
             Some(rv) => {
