@@ -64,12 +64,11 @@ async fn consume_until(topic: &str, what: &str, done: impl Fn(&[Record]) -> bool
     let deadline = Instant::now() + WAIT;
     let partitions = loop {
         let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(2));
-        if let Ok(md) = md {
-            if let Some(t) =
+        if let Ok(md) = md
+            && let Some(t) =
                 md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-            {
-                break t.partitions().len() as i32;
-            }
+        {
+            break t.partitions().len() as i32;
         }
         assert!(Instant::now() < deadline, "topic {topic} never appeared (waiting for {what})");
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -84,10 +84,10 @@ impl Source {
             let code = code.trim_start();
             let opens = code.matches('{').count();
             let closes = code.matches('}').count();
-            if let Some(rest) = code.strip_prefix("mod ").or_else(|| code.strip_prefix("pub mod ")) {
-                if let Some(name) = rest.strip_suffix('{') {
-                    inline.push((depth, name.trim().to_string()));
-                }
+            if let Some(rest) = code.strip_prefix("mod ").or_else(|| code.strip_prefix("pub mod "))
+                && let Some(name) = rest.strip_suffix('{')
+            {
+                inline.push((depth, name.trim().to_string()));
             }
             depth = (depth + opens).saturating_sub(closes);
             while inline.last().is_some_and(|(at, _)| depth <= *at && closes > 0) {
@@ -113,10 +113,10 @@ impl Source {
                     first if children.contains(first) => Some(module.iter().chain(path.iter()).cloned().collect()),
                     _ => None,
                 };
-                if let Some(target) = absolute.and_then(|a| self.resolve(&a)) {
-                    if &target != module {
-                        out.insert(target);
-                    }
+                if let Some(target) = absolute.and_then(|a| self.resolve(&a))
+                    && &target != module
+                {
+                    out.insert(target);
                 }
             }
         }

@@ -108,7 +108,7 @@ pub fn settle() {
 /// (counting from 1), kubecast's first in even ones, so that neither always runs on the
 /// machine the other left behind.
 pub async fn in_turn<R, K>(round: usize, raw: impl Future<Output = R>, kubecast: impl Future<Output = K>) -> (R, K) {
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         let r = raw.await;
         (r, kubecast.await)
     } else {

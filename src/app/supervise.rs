@@ -85,7 +85,7 @@ pub async fn probe_apiserver(client: kube::Client, url: String, health: Arc<Heal
                 }
                 health.set_apiserver_unreachable(None);
             }
-            Ok(Err(e)) if matches!(e, kube::Error::Api(_)) => {
+            Ok(Err(kube::Error::Api(_))) => {
                 // It answered (with an error status): reachable.
                 if reported.take().is_some() {
                     info!(apiserver = %url, "apiserver reachable again");

@@ -21,8 +21,14 @@ use super::retry::RetryPolicy;
 use crate::sink::{FileSink, NatsSink, Outbound, SendError, Sink, kafka};
 
 pub enum Target {
-    File { path: PathBuf, file: OnceCell<FileSink> },
-    Broker { topic: String },
+    /// Boxed: the file sink's state is larger than the other targets'.
+    File {
+        path: PathBuf,
+        file: Box<OnceCell<FileSink>>,
+    },
+    Broker {
+        topic: String,
+    },
     Stop,
 }
 
@@ -37,7 +43,7 @@ impl DeadLetter {
         let target = match cfg.kind {
             DeadLetterType::File => Target::File {
                 path: cfg.path.clone().unwrap_or_else(|| checkpoint_dir.join("dead-letter.jsonl")),
-                file: OnceCell::new(),
+                file: Box::new(OnceCell::new()),
             },
             DeadLetterType::Broker => Target::Broker { topic: cfg.destination.clone().unwrap_or_default() },
             DeadLetterType::Stop => Target::Stop,

@@ -111,11 +111,10 @@ impl Queue {
                     match per_key.get_mut(&key).and_then(VecDeque::pop_front) {
                         Some(next) => ready.push_back(next),
                         None => {
-                            if let Some(emptied) = per_key.remove(&key) {
-                                if emptied.capacity() > 0 && spare.len() < SPARE_QUEUES {
+                            if let Some(emptied) = per_key.remove(&key)
+                                && emptied.capacity() > 0 && spare.len() < SPARE_QUEUES {
                                     spare.push(emptied);
                                 }
-                            }
                         }
                     }
                     self.ack(job);
@@ -253,7 +252,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             Err(SendError::Fatal(reason)) => break Err(DeliveryError::Fatal(reason)),
             Err(SendError::Permanent(reason)) => {
                 if let Err(e) = dead_letter.put(sink, msg, &reason).await {
-                    break Err(e.into());
+                    break Err(e);
                 }
                 dead();
                 break Ok(Some(reason));
@@ -268,7 +267,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
                     format!("gave up after {attempt} attempts: {reason}")
                 };
                 if let Err(e) = dead_letter.put(sink, msg, &reason).await {
-                    break Err(e.into());
+                    break Err(e);
                 }
                 dead();
                 break Ok(Some(reason));
@@ -276,7 +275,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             Err(SendError::Retriable(reason)) => {
                 metrics.retries.inc();
                 metrics.note_failure(msg.event.id(), &reason);
-                if attempt == 1 || attempt % 10 == 0 {
+                if attempt == 1 || attempt.is_multiple_of(10) {
                     warn!(event_id = %msg.event.id(), trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }
                 tokio::time::sleep(

@@ -69,14 +69,14 @@ impl TelemetryConfig {
                 "e.g. 1.0 (all events) or 0.01",
             ));
         }
-        if let Some(e) = &self.endpoint {
-            if url::Url::parse(e).map(|u| !matches!(u.scheme(), "http" | "https")).unwrap_or(true) {
-                out.push(Problem::new(
-                    "telemetry.endpoint",
-                    format!("{e:?} is not an http(s) URL"),
-                    "e.g. \"http://otel-collector:4318\"",
-                ));
-            }
+        if let Some(e) = &self.endpoint
+            && url::Url::parse(e).map(|u| !matches!(u.scheme(), "http" | "https")).unwrap_or(true)
+        {
+            out.push(Problem::new(
+                "telemetry.endpoint",
+                format!("{e:?} is not an http(s) URL"),
+                "e.g. \"http://otel-collector:4318\"",
+            ));
         }
         out
     }

@@ -115,13 +115,13 @@ fn digest<'a>(v: &'a Value, skip: &[FieldPath], path: &mut Vec<&'a str>) -> Opti
             // serde_json's map is sorted by key: the hash does not depend on key order.
             for (k, child) in map {
                 path.push(k);
-                if !skipped(path, skip) {
-                    if let Some(d) = digest(child, skip, path) {
-                        h.write(k.as_bytes());
-                        h.write_u8(0xfe);
-                        h.write_u64(d);
-                        any = true;
-                    }
+                if !skipped(path, skip)
+                    && let Some(d) = digest(child, skip, path)
+                {
+                    h.write(k.as_bytes());
+                    h.write_u8(0xfe);
+                    h.write_u64(d);
+                    any = true;
                 }
                 path.pop();
             }

@@ -254,10 +254,10 @@ impl Shaper {
         if !wanted && !self.ignore_status_only {
             return Err(Dropped::Verb);
         }
-        if !self.keep_managed_fields {
-            if let Some(data) = strip_noise(&event.data) {
-                event.data = data.into();
-            }
+        if !self.keep_managed_fields
+            && let Some(data) = strip_noise(&event.data)
+        {
+            event.data = data.into();
         }
         let Ok(text) = simdutf8::basic::from_utf8(&event.data) else {
             error!(resource = %self.describe, event_id = event.id(), "object is not UTF-8 JSON; event dropped");
@@ -409,20 +409,20 @@ pub fn strip_noise(data: &[u8]) -> Option<Vec<u8>> {
     let before = entries.len();
     entries.retain(|(k, _)| k != "managedFields");
     let mut changed = entries.len() != before;
-    if let Some(pos) = entries.iter().position(|(k, _)| k == "annotations") {
-        if entries[pos].1.get().contains(LAST_APPLIED) {
-            let mut a = json::entries(entries[pos].1.get()).ok()?;
-            a.retain(|(k, _)| k != LAST_APPLIED);
-            changed = true;
-            if a.is_empty() {
-                entries.remove(pos);
-            } else {
-                let mut buf = Vec::new();
-                json::write_object(&mut buf, &a);
-                annotations_text = String::from_utf8(buf).ok()?;
-                new_annotations = RawValue::from_string(annotations_text).ok()?;
-                entries[pos].1 = &new_annotations;
-            }
+    if let Some(pos) = entries.iter().position(|(k, _)| k == "annotations")
+        && entries[pos].1.get().contains(LAST_APPLIED)
+    {
+        let mut a = json::entries(entries[pos].1.get()).ok()?;
+        a.retain(|(k, _)| k != LAST_APPLIED);
+        changed = true;
+        if a.is_empty() {
+            entries.remove(pos);
+        } else {
+            let mut buf = Vec::new();
+            json::write_object(&mut buf, &a);
+            annotations_text = String::from_utf8(buf).ok()?;
+            new_annotations = RawValue::from_string(annotations_text).ok()?;
+            entries[pos].1 = &new_annotations;
         }
     }
     if !changed {

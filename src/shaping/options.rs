@@ -73,10 +73,10 @@ impl ShapingOptions {
     pub fn problems(&self) -> Vec<Problem> {
         let r = self;
         let mut out = Vec::new();
-        if let Some(f) = &r.filter {
-            if let Err(e) = Filter::compile(f, r.keep_previous) {
-                out.push(Problem::new("filter", e.0, "see the CEL examples in config/kubecast.toml"));
-            }
+        if let Some(f) = &r.filter
+            && let Err(e) = Filter::compile(f, r.keep_previous)
+        {
+            out.push(Problem::new("filter", e.0, "see the CEL examples in config/kubecast.toml"));
         }
         for (key, paths) in [("redact", &r.redact), ("ignore_fields", &r.ignore_fields)] {
             for (i, p) in paths.iter().enumerate() {

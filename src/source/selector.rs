@@ -130,10 +130,10 @@ fn split_set_op(req: &str) -> Option<(&str, &str)> {
     let key = words.next()?.trim();
     let rest = words.next()?.trim_start();
     for op in ["notin", "in"] {
-        if let Some(r) = rest.strip_prefix(op) {
-            if r.starts_with(|c: char| c.is_whitespace() || c == '(') {
-                return Some((key, r));
-            }
+        if let Some(r) = rest.strip_prefix(op)
+            && r.starts_with(|c: char| c.is_whitespace() || c == '(')
+        {
+            return Some((key, r));
         }
     }
     None

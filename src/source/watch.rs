@@ -189,10 +189,10 @@ fn ends_resumably(e: &kube::Error) -> bool {
     let mut current: Option<&(dyn std::error::Error + 'static)> = Some(e);
     for _ in 0..16 {
         let Some(err) = current else { break };
-        if let Some(io) = err.downcast_ref::<std::io::Error>() {
-            if matches!(io.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::TimedOut) {
-                return true;
-            }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(io.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::TimedOut)
+        {
+            return true;
         }
         if err.to_string().contains("unexpected EOF during chunk") {
             return true;

@@ -157,13 +157,13 @@ impl KafkaSink {
             }
         };
         let mut result = self.producer.send(record(Some(headers)), Timeout::Never).await;
-        if let Err((e, returned)) = &mut result {
-            if e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge) {
-                debug!(topic, "record rejected as too large; sending it again alone");
-                // The headers come back with the rejected record (not copied for every send).
-                let headers = returned.detach_headers();
-                result = self.solo()?.send(record(headers), Timeout::Never).await;
-            }
+        if let Err((e, returned)) = &mut result
+            && e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge)
+        {
+            debug!(topic, "record rejected as too large; sending it again alone");
+            // The headers come back with the rejected record (not copied for every send).
+            let headers = returned.detach_headers();
+            result = self.solo()?.send(record(headers), Timeout::Never).await;
         }
         match result {
             Ok(_) => {

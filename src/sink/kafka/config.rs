@@ -63,14 +63,14 @@ impl KafkaConfig {
                     "set sink.kafka.brokers instead",
                 ));
             }
-            if let Some((_, want)) = REQUIRED.iter().find(|(rk, _)| rk == k) {
-                if v != want {
-                    out.push(Problem::new(
-                        format!("sink.kafka.properties.\"{k}\""),
-                        format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
-                        "remove it",
-                    ));
-                }
+            if let Some((_, want)) = REQUIRED.iter().find(|(rk, _)| rk == k)
+                && v != want
+            {
+                out.push(Problem::new(
+                    format!("sink.kafka.properties.\"{k}\""),
+                    format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
+                    "remove it",
+                ));
             }
             if let Err(e) = secret::resolve(v) {
                 out.push(Problem::new(

@@ -176,10 +176,10 @@ impl NatsConfig {
             p("password", "user and password go together".into(), "set both, or neither");
         }
         for (k, v) in [("password", &self.password), ("token", &self.token), ("nkey_seed", &self.nkey_seed)] {
-            if let Some(v) = v {
-                if let Err(e) = secret::resolve(v) {
-                    p(k, e, "set that variable or create that file");
-                }
+            if let Some(v) = v
+                && let Err(e) = secret::resolve(v)
+            {
+                p(k, e, "set that variable or create that file");
             }
         }
         for (k, f) in [
@@ -188,10 +188,10 @@ impl NatsConfig {
             ("tls.cert_file", &self.tls.cert_file),
             ("tls.key_file", &self.tls.key_file),
         ] {
-            if let Some(f) = f {
-                if let Err(e) = std::fs::metadata(f) {
-                    p(k, format!("{} cannot be read: {e}", f.display()), "fix the path or mount the file");
-                }
+            if let Some(f) = f
+                && let Err(e) = std::fs::metadata(f)
+            {
+                p(k, format!("{} cannot be read: {e}", f.display()), "fix the path or mount the file");
             }
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {

@@ -86,11 +86,12 @@ impl Reflector {
                 },
                 None => next.await,
             };
-            if let Ok(Ok(Some(ev))) = &next {
-                if confirm.is_some() && !matches!(ev, WatchEvent::Error(_)) {
-                    confirm = None;
-                    self.set_synced();
-                }
+            if let Ok(Ok(Some(ev))) = &next
+                && confirm.is_some()
+                && !matches!(ev, WatchEvent::Error(_))
+            {
+                confirm = None;
+                self.set_synced();
             }
             let event = match next {
                 Err(_) => {
