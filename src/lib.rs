@@ -15,6 +15,15 @@
 //! app       the binary's commands, wiring, supervision, shutdown
 //! ```
 
+//!
+//! The public surface is what the binary (`main.rs`: `app::cli`, `app::allocator`,
+//! `app::run`, `config::Config`, `observe::trace::init`), the benchmarks and examples
+//! (`app::wiring::Pipeline` to drive the stages after the reflectors, `source::reflector::Item`
+//! to feed them, `model` to build changes, `sink::Sink` and the Kafka/NATS encoders,
+//! `shaping::Shaper`, `source::watch::decode_line`, `state::watermark::Watermark`) and the
+//! configuration's types need. The integration tests run the binary and use none of it.
+//! Everything else is `pub(crate)`.
+
 pub mod app;
 pub mod config;
 pub mod delivery;

@@ -51,6 +51,7 @@ impl DeadLetter {
         Self { target, retry, count: AtomicU64::new(0) }
     }
 
+    #[cfg(test)]
     /// How many events went to the dead letter since start.
     pub fn count(&self) -> u64 {
         self.count.load(Ordering::Relaxed)

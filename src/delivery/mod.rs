@@ -11,10 +11,10 @@
 //! order they came, also under retries; every job is acknowledged exactly once.
 
 mod config;
-pub mod dead_letter;
+pub(crate) mod dead_letter;
 mod error;
-pub mod queue;
-pub mod retry;
+pub(crate) mod queue;
+pub(crate) mod retry;
 #[cfg(test)]
 mod testkit;
 

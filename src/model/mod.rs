@@ -7,7 +7,7 @@
 pub mod attributes;
 pub mod event;
 pub mod fields;
-pub mod json_check;
+pub(crate) mod json_check;
 pub mod object;
 pub mod position;
 pub mod problem;

@@ -4,6 +4,6 @@
 //! Invariant: every stage may report here; this folder imports only `model`.
 
 pub mod admin;
-pub mod health;
-pub mod metrics;
+pub(crate) mod health;
+pub(crate) mod metrics;
 pub mod trace;

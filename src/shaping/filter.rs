@@ -32,8 +32,6 @@ fn env() -> Arc<Env> {
     .clone()
 }
 
-pub const VARIABLES: [&str; 3] = ["object", "oldObject", "verb"];
-
 impl Filter {
     /// Compiles `source`; refuses syntax errors (with their position), unknown variables or
     /// functions, and expressions that are not boolean, found by a trial run on a sample object.
@@ -76,6 +74,7 @@ impl Filter {
         &self.source
     }
 
+    #[cfg(test)]
     /// The fields of `object` the expression reads (`None`: all).
     pub fn object_fields(&self) -> Option<&[String]> {
         self.object_fields.as_deref()

@@ -55,27 +55,6 @@ pub fn redact(v: &mut Value, path: &[String], with: &Value) -> usize {
     }
 }
 
-/// Removes what `path` reaches (the last segment is a key or `*`).
-pub fn remove(v: &mut Value, path: &[String]) {
-    let Some((first, rest)) = path.split_first() else { return };
-    match v {
-        Value::Object(map) if rest.is_empty() => map.retain(|k, _| !segment_matches(first, k)),
-        Value::Object(map) => {
-            for (_, child) in map.iter_mut().filter(|(k, _)| segment_matches(first, k)) {
-                remove(child, rest);
-            }
-        }
-        Value::Array(items) => {
-            for (i, child) in items.iter_mut().enumerate() {
-                if first == "*" || first.parse::<usize>().ok() == Some(i) {
-                    remove(child, rest);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
 /// A 64-bit hash of `v` that ignores the values `skip` paths reach. An object left empty by
 /// the skipping counts as absent (adding `metadata.annotations.heartbeat` to an object without
 /// annotations changes nothing when that path is skipped).

@@ -21,10 +21,10 @@
 //! The fast path (no option but the default managedFields removal) edits only the metadata's
 //! text and never decodes the rest of the object.
 
-pub mod filter;
-pub mod json;
+pub(crate) mod filter;
+pub(crate) mod json;
 mod options;
-pub mod stage;
+pub(crate) mod stage;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash, Hasher};

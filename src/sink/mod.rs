@@ -10,7 +10,7 @@ mod file;
 pub mod kafka;
 pub mod nats;
 mod outbound;
-pub mod secret;
+pub(crate) mod secret;
 mod stdout;
 #[cfg(test)]
 pub mod stub;

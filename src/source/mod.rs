@@ -8,5 +8,5 @@
 
 pub mod client;
 pub mod reflector;
-pub mod selector;
+pub(crate) mod selector;
 pub mod watch;
