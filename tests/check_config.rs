@@ -105,6 +105,12 @@ type BadCase = (&'static str, &'static str, &'static [(&'static str, &'static st
 const BAD: &[BadCase] = &[
     ("TOML syntax error", "[cluster\nname = 1", &[], &["line 1", "fix:"]),
     (
+        "a lease renewed less often than it expires",
+        "[coordination]\nenabled = true\nlease_duration_seconds = 5\nrenew_deadline_seconds = 10\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.lease_duration_seconds", "lease_duration_seconds (5) > renew_deadline_seconds (10)", "fix:"],
+    ),
+    (
         "the dead letter in the sink's own file",
         "[sink]\ntype = \"file\"\npath = \"/tmp/e.jsonl\"\n[delivery.dead_letter]\npath = \"/tmp/e.jsonl\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

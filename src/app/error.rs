@@ -5,6 +5,7 @@ use crate::observe::admin::AdminError;
 use crate::sink::SinkError;
 use crate::source::client::ClientError;
 use crate::source::reflector::ReflectorError;
+use crate::state::lease::LeaseError;
 use crate::state::store::CheckpointError;
 
 #[derive(Debug, thiserror::Error)]
@@ -21,4 +22,10 @@ pub enum RunError {
     Delivery(#[from] DeliveryError),
     #[error(transparent)]
     Admin(#[from] AdminError),
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error(
+        "lost the lease {lease} ({why}): stopped publishing at once; another process is the active one now (records already handed to the producer may still reach the broker, with their usual ids)"
+    )]
+    LeaseLost { lease: String, why: String },
 }

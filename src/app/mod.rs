@@ -7,6 +7,7 @@
 pub mod allocator;
 pub mod cli;
 mod error;
+mod leadership;
 mod preflight;
 pub mod run;
 mod shutdown;

@@ -26,7 +26,7 @@ use tracing::info;
 pub use super::error::RunError;
 use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::{CHANNEL_CAPACITY, Pipeline};
-use super::{shutdown, supervise};
+use super::{leadership, shutdown, supervise};
 use crate::config::Config;
 use crate::observe::admin;
 use crate::observe::health::Health;
@@ -55,6 +55,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     if sink.kafka().is_some() {
         tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));
     }
+    // `[coordination]`: a standby waits here, its admin server up, until it holds the lease.
+    let lease_stop = CancellationToken::new();
+    let mut lease = None;
+    match leadership::elector(&client, &pipeline.config.coordination, &health) {
+        Some(mut elector) => {
+            let cfg = pipeline.config.coordination.clone();
+            if leadership::wait_for_lease(&mut elector, &cfg, &health, &cancel).await?.is_none() {
+                info!("stopped while standby");
+                return Ok(());
+            }
+            lease = Some(tokio::spawn(leadership::keep_lease(elector, cfg, lease_stop.clone())));
+        }
+        None => {
+            crate::observe::metrics::get().leader.set(1);
+        }
+    }
     let mut streams = JoinSet::new();
     for r in reflectors {
         streams.spawn(r.run(cancel.clone()));
@@ -74,8 +90,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
 
     let mut outcome = supervise::Outcome::default();
-    let queue_done = supervise::until_stopped(&mut streams, &mut downstream.queue, &cancel, &mut outcome).await;
-    let timeout = std::time::Duration::from_secs(pipeline.config.delivery.shutdown_timeout_seconds);
+    let queue_done =
+        supervise::until_stopped(&mut streams, &mut downstream.queue, &mut lease, &cancel, &mut outcome).await;
+    // A process that lost the lease stops publishing at once: no drain.
+    let timeout = if outcome.lease_lost() {
+        std::time::Duration::ZERO
+    } else {
+        std::time::Duration::from_secs(pipeline.config.delivery.shutdown_timeout_seconds)
+    };
     shutdown::drain(shutdown::Drain {
         health: &health,
         cancel: &cancel,
@@ -88,6 +110,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         outcome: &mut outcome,
     })
     .await;
+    // Given up only now, after the final checkpoint: a standby takes over where this one ended.
+    lease_stop.cancel();
+    if let Some(lease) = lease {
+        if let Ok(Err(e)) = lease.await {
+            outcome.fail(e, &cancel);
+        }
+    }
     info!("kubecast stopped; checkpoints written");
     outcome.into_result()
 }

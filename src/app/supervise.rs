@@ -32,6 +32,11 @@ impl Outcome {
         cancel.cancel();
     }
 
+    /// Whether the run stops because this process lost the lease.
+    pub fn lease_lost(&self) -> bool {
+        matches!(self.0, Some(RunError::LeaseLost { .. }))
+    }
+
     pub fn into_result(self) -> Result<(), RunError> {
         self.0.map_or(Ok(()), Err)
     }
@@ -41,11 +46,25 @@ impl Outcome {
 pub async fn until_stopped(
     streams: &mut JoinSet<Result<(), ReflectorError>>,
     queue: &mut JoinHandle<Result<(), DeliveryError>>,
+    lease: &mut Option<JoinHandle<Result<(), RunError>>>,
     cancel: &CancellationToken,
     outcome: &mut Outcome,
 ) -> bool {
     loop {
+        let lease_lost = async {
+            match lease.as_mut() {
+                Some(handle) => handle.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
+            kept = lease_lost => {
+                lease.take();
+                if let Ok(Err(e)) = kept {
+                    outcome.fail(e, cancel);
+                }
+                return false;
+            }
             Some(joined) = streams.join_next() => {
                 if let Some(e) = task_error(joined) {
                     outcome.fail(e.into(), cancel);

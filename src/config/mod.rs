@@ -18,6 +18,7 @@ use crate::observe::trace::TelemetryConfig;
 use crate::sink::{SinkConfig, SinkType};
 use crate::source::client::ClusterConfig;
 use crate::state::CheckpointConfig;
+use crate::state::lease::CoordinationConfig;
 pub use resource::ResourceConfig;
 
 /// The configuration used when `--config` is not given (also the demo's).
@@ -44,6 +45,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     #[serde(default)]
     pub resources: Vec<ResourceConfig>,
+    #[serde(default)]
+    pub coordination: CoordinationConfig,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +88,7 @@ impl Config {
         out.extend(self.sink.problems());
         out.extend(self.delivery.problems(self.sink.is_broker()));
         out.extend(self.telemetry.problems());
+        out.extend(self.coordination.problems());
         if self.resources.is_empty() {
             out.push(Problem::new(
                 "resources",

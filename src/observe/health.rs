@@ -22,6 +22,8 @@ pub struct Health {
     apiserver: Mutex<Option<String>>,
     /// Per stream: why its checkpoint is stalled, while it is.
     stalls: Mutex<Vec<Option<String>>>,
+    /// Why this process does not run its streams (`[coordination]`: another holds the lease).
+    standby: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -33,7 +35,13 @@ impl Health {
             sink_connected,
             shutting_down: AtomicBool::new(false),
             apiserver: Mutex::new(None),
+            standby: Mutex::new(None),
         })
+    }
+
+    /// `Some(reason)`: a standby, not running its streams; `None`: the active process.
+    pub fn set_standby(&self, reason: Option<String>) {
+        *self.standby.lock().expect("health lock") = reason;
     }
 
     /// `Some(reason)`: the stream's checkpoint is stalled; `None`: it moves.
@@ -73,6 +81,9 @@ impl Health {
                 p if p == StreamPhase::Starting as u8 => out.push(format!("stream {name}: initial sync not done")),
                 _ => {}
             }
+        }
+        if let Some(reason) = self.standby.lock().expect("health lock").as_ref() {
+            out.push(reason.clone());
         }
         out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
         if let Some(reason) = self.apiserver.lock().expect("health lock").as_ref() {

@@ -67,6 +67,8 @@ pub struct Metrics {
     pub checkpoint_age: Family<Stream, Gauge<f64, AtomicU64>>,
     pub checkpoint_lag: Family<Stream, Gauge>,
     pub stream_stalled: Family<Stream, Gauge>,
+    pub leader: Gauge,
+    pub lease_epoch: Gauge,
     pub relists: Family<Stream, Counter>,
     pub gone: Family<Stream, Counter>,
     pub resync_events: Family<Stream, Counter>,
@@ -94,6 +96,8 @@ impl Metrics {
             checkpoint_age: Family::default(),
             checkpoint_lag: Family::default(),
             stream_stalled: Family::default(),
+            leader: Gauge::default(),
+            lease_epoch: Gauge::default(),
             relists: Family::default(),
             gone: Family::default(),
             resync_events: Family::default(),
@@ -142,6 +146,12 @@ impl Metrics {
             "1 while the stream's checkpoint has not moved for [delivery] stall_after_seconds with items pending",
             m.stream_stalled.clone(),
         );
+        r.register(
+            "leader",
+            "1 while this process holds the [coordination] lease and runs the streams (1 without coordination)",
+            m.leader.clone(),
+        );
+        r.register("lease_epoch", "leaseTransitions of the lease this process holds", m.lease_epoch.clone());
         r.register(
             "relists",
             "Lists after the first one (410 Gone, restarts without a usable checkpoint)",

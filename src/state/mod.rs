@@ -4,6 +4,7 @@
 //!
 //! Invariant: a stored position never passes an item that was not acknowledged.
 
+pub mod lease;
 pub(crate) mod persister;
 pub mod store;
 pub mod watermark;

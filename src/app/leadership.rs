@@ -1,0 +1,112 @@
+//! `[coordination]`: wait as a standby until this process holds the Lease, then keep it; a
+//! holder that loses it (another took it over, or it could not renew within the deadline)
+//! stops at once (see [`crate::state::lease`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::error::RunError;
+use crate::observe::health::Health;
+use crate::state::lease::{Attempt, CoordinationConfig, Elector};
+
+/// Waits until this process holds the Lease; `None` when shutdown came first. Meanwhile
+/// `/readyz` says who holds it.
+pub async fn wait_for_lease(
+    elector: &mut Elector,
+    cfg: &CoordinationConfig,
+    health: &Health,
+    cancel: &CancellationToken,
+) -> Result<Option<i32>, RunError> {
+    let retry = Duration::from_secs(cfg.retry_period_seconds.into());
+    let mut last_holder = None;
+    loop {
+        match elector.try_acquire_or_renew().await {
+            Ok(Attempt::Held { epoch }) => {
+                info!(lease = %elector.lease(), identity = elector.identity(), epoch, "holding the lease: this process is the active one");
+                health.set_standby(None);
+                set_leader(true, epoch);
+                return Ok(Some(epoch));
+            }
+            Ok(Attempt::Other { holder }) => {
+                if last_holder.as_ref() != Some(&holder) {
+                    info!(lease = %elector.lease(), holder = %holder, "standby: another process holds the lease");
+                    last_holder = Some(holder.clone());
+                }
+                health.set_standby(Some(format!("standby: lease {} held by {holder}", elector.lease())));
+            }
+            Err(e) => {
+                warn!(error = %e, "the lease cannot be read or taken; retrying");
+                health.set_standby(Some(format!("standby: {e}")));
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(retry) => {}
+        }
+    }
+}
+
+/// Renews the Lease every retry period until `cancel` (then gives it up, so a standby takes
+/// over at once). Returns an error as soon as the Lease is lost: another process holds it, or
+/// no renewal succeeded within the renew deadline.
+pub async fn keep_lease(
+    mut elector: Elector,
+    cfg: CoordinationConfig,
+    cancel: CancellationToken,
+) -> Result<(), RunError> {
+    let retry = Duration::from_secs(cfg.retry_period_seconds.into());
+    let deadline = Duration::from_secs(cfg.renew_deadline_seconds.into());
+    let mut renewed = Instant::now();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => {
+                elector.release().await;
+                set_leader(false, 0);
+                return Ok(());
+            }
+            _ = tokio::time::sleep(retry) => {}
+        }
+        let attempt = tokio::time::timeout(retry, elector.try_acquire_or_renew()).await;
+        match attempt {
+            Ok(Ok(Attempt::Held { epoch })) => {
+                renewed = Instant::now();
+                set_leader(true, epoch);
+            }
+            Ok(Ok(Attempt::Other { holder })) => {
+                set_leader(false, 0);
+                return Err(lost(&elector, format!("{holder} holds it now")));
+            }
+            Ok(Err(e)) => warn!(error = %e, "lease not renewed; retrying until the renew deadline"),
+            Err(_) => warn!("lease renewal got no answer in time; retrying until the renew deadline"),
+        }
+        if renewed.elapsed() >= deadline {
+            set_leader(false, 0);
+            return Err(lost(&elector, format!("not renewed for {} s (renew_deadline_seconds)", deadline.as_secs())));
+        }
+    }
+}
+
+fn lost(elector: &Elector, why: String) -> RunError {
+    error!(lease = %elector.lease(), why = %why, "lost the lease: stopping at once");
+    RunError::LeaseLost { lease: elector.lease(), why }
+}
+
+fn set_leader(leader: bool, epoch: i32) {
+    let m = crate::observe::metrics::get();
+    m.leader.set(i64::from(leader));
+    if leader {
+        m.lease_epoch.set(i64::from(epoch));
+    }
+}
+
+/// The standby's health reason while it waits; `None` for a process without coordination.
+pub fn elector(client: &kube::Client, cfg: &CoordinationConfig, health: &Arc<Health>) -> Option<Elector> {
+    if !cfg.enabled {
+        return None;
+    }
+    health.set_standby(Some("standby: waiting for the lease".into()));
+    Some(Elector::new(client.clone(), cfg))
+}

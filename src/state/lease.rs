@@ -1,0 +1,234 @@
+//! Leader election over a `coordination.k8s.io/v1` Lease: only the holder runs the streams.
+//!
+//! The loop is client-go's: the holder renews every `retry_period_seconds`; a candidate takes
+//! the Lease over once it has seen the same record (holder and renew time) unchanged for
+//! `lease_duration_seconds` (local observation time, so clocks need not agree); a holder that
+//! could not renew for `renew_deadline_seconds` has lost it and must stop at once. Writes are
+//! conditional on the resourceVersion read (optimistic concurrency): of two candidates, one
+//! wins. Each takeover increments `leaseTransitions`: the *epoch* the holder works under.
+//!
+//! Not a crate for it: kube-lease-manager and kube-leader-election are built for other kube
+//! majors (a second kube in the build); this loop is small and tested against the apiserver.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use serde::{Deserialize, Serialize};
+
+use crate::model::Problem;
+
+/// `[coordination]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinationConfig {
+    /// Elect one active process through a Lease (off: every process runs its streams).
+    #[serde(default)]
+    pub enabled: bool,
+    /// The Lease's name.
+    #[serde(default = "d_name")]
+    pub lease_name: String,
+    /// Its namespace; default: `POD_NAMESPACE`, else `default`.
+    #[serde(default)]
+    pub lease_namespace: Option<String>,
+    /// This process's identity in the Lease; default: `POD_NAME`, else the host name, plus the pid.
+    #[serde(default)]
+    pub identity: Option<String>,
+    #[serde(default = "d_duration")]
+    pub lease_duration_seconds: u32,
+    #[serde(default = "d_deadline")]
+    pub renew_deadline_seconds: u32,
+    #[serde(default = "d_retry")]
+    pub retry_period_seconds: u32,
+}
+
+impl Default for CoordinationConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            lease_name: d_name(),
+            lease_namespace: None,
+            identity: None,
+            lease_duration_seconds: d_duration(),
+            renew_deadline_seconds: d_deadline(),
+            retry_period_seconds: d_retry(),
+        }
+    }
+}
+
+fn d_name() -> String {
+    "kubecast".into()
+}
+fn d_duration() -> u32 {
+    15
+}
+fn d_deadline() -> u32 {
+    10
+}
+fn d_retry() -> u32 {
+    2
+}
+
+impl CoordinationConfig {
+    /// Problems with `[coordination]`.
+    pub fn problems(&self) -> Vec<Problem> {
+        let mut out = Vec::new();
+        let (d, r, p) = (self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds);
+        if p == 0 || r <= p || d <= r {
+            out.push(Problem::new(
+                "coordination.lease_duration_seconds",
+                format!("needs lease_duration_seconds ({d}) > renew_deadline_seconds ({r}) > retry_period_seconds ({p}) >= 1"),
+                "e.g. 15, 10 and 2 (the defaults)",
+            ));
+        }
+        if self.lease_name.is_empty() {
+            out.push(Problem::new("coordination.lease_name", "must not be empty", "e.g. \"kubecast\""));
+        }
+        out
+    }
+
+    pub fn namespace(&self) -> String {
+        self.lease_namespace
+            .clone()
+            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|n| !n.is_empty()))
+            .unwrap_or_else(|| "default".into())
+    }
+
+    pub fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(|| {
+            let host = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
+            });
+            format!("{host}-{}", std::process::id())
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "lease {namespace}/{name}: {message} (fix: grant get, create and update on leases.coordination.k8s.io {name} in {namespace} to kubecast's identity)"
+)]
+pub struct LeaseError {
+    namespace: String,
+    name: String,
+    message: String,
+}
+
+/// What one attempt found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Attempt {
+    /// This process holds the Lease, in this epoch (`leaseTransitions`).
+    Held { epoch: i32 },
+    /// Another process does.
+    Other { holder: String },
+}
+
+/// One process's side of the election.
+pub struct Elector {
+    api: Api<Lease>,
+    name: String,
+    namespace: String,
+    identity: String,
+    duration: Duration,
+    /// The record last seen (holder, renew time) and when it was first seen so.
+    observed: Option<((Option<String>, Option<MicroTime>), Instant)>,
+}
+
+impl Elector {
+    pub fn new(client: kube::Client, cfg: &CoordinationConfig) -> Self {
+        let namespace = cfg.namespace();
+        Self {
+            api: Api::namespaced(client, &namespace),
+            name: cfg.lease_name.clone(),
+            namespace,
+            identity: cfg.identity(),
+            duration: Duration::from_secs(cfg.lease_duration_seconds.into()),
+            observed: None,
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// `namespace/name`.
+    pub fn lease(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    fn error(&self, message: String) -> LeaseError {
+        LeaseError { namespace: self.namespace.clone(), name: self.name.clone(), message }
+    }
+
+    /// Takes or renews the Lease if this process may. A lost race (409) is `Other`.
+    pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaseError> {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
+        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(e.to_string()))?;
+        let Some(mut lease) = existing else {
+            let lease = Lease {
+                metadata: ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(self.identity.clone()),
+                    lease_duration_seconds: Some(seconds),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
+            return match self.api.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(Attempt::Held { epoch: 0 }),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Other { holder: "(just created)".into() }),
+                Err(e) => Err(self.error(e.to_string())),
+            };
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let record = (holder.clone(), spec.renew_time.clone());
+        // When this record was first seen as it is (local time: no clock skew matters).
+        let seen_since = match &self.observed {
+            Some((r, at)) if *r == record => *at,
+            _ => Instant::now(),
+        };
+        self.observed = Some((record, seen_since));
+        let mine = holder.as_deref() == Some(self.identity.as_str());
+        let transitions = spec.lease_transitions.unwrap_or(0);
+        let epoch = if mine {
+            transitions
+        } else {
+            let expired = holder.is_none() || seen_since.elapsed() >= self.duration;
+            if !expired {
+                return Ok(Attempt::Other { holder: holder.unwrap_or_default() });
+            }
+            spec.holder_identity = Some(self.identity.clone());
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(transitions + 1);
+            transitions + 1
+        };
+        spec.renew_time = Some(now);
+        spec.lease_duration_seconds = Some(seconds);
+        // Conditional on the resourceVersion read: a concurrent writer makes this fail (409).
+        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+            Ok(_) => Ok(Attempt::Held { epoch }),
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                Ok(Attempt::Other { holder: holder.unwrap_or_else(|| "(changed meanwhile)".into()) })
+            }
+            Err(e) => Err(self.error(e.to_string())),
+        }
+    }
+
+    /// Gives the Lease up (at a clean stop): a standby takes over at once instead of after
+    /// the lease duration.
+    pub async fn release(&mut self) {
+        let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else { return };
+        let Some(spec) = lease.spec.as_mut() else { return };
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return;
+        }
+        spec.holder_identity = None;
+        let _ = self.api.replace(&self.name, &PostParams::default(), &lease).await;
+    }
+}
