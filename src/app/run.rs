@@ -112,10 +112,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     .await;
     // Given up only now, after the final checkpoint: a standby takes over where this one ended.
     lease_stop.cancel();
-    if let Some(lease) = lease {
-        if let Ok(Err(e)) = lease.await {
-            outcome.fail(e, &cancel);
-        }
+    if let Some(lease) = lease
+        && let Ok(Err(e)) = lease.await
+    {
+        outcome.fail(e, &cancel);
     }
     info!("kubecast stopped; checkpoints written");
     outcome.into_result()

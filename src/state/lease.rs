@@ -125,6 +125,9 @@ pub enum Attempt {
     Other { holder: String },
 }
 
+/// What identifies a Lease record: its holder and renew time.
+type Record = (Option<String>, Option<MicroTime>);
+
 /// One process's side of the election.
 pub struct Elector {
     api: Api<Lease>,
@@ -132,8 +135,8 @@ pub struct Elector {
     namespace: String,
     identity: String,
     duration: Duration,
-    /// The record last seen (holder, renew time) and when it was first seen so.
-    observed: Option<((Option<String>, Option<MicroTime>), Instant)>,
+    /// The record last seen and when it was first seen so.
+    observed: Option<(Record, Instant)>,
 }
 
 impl Elector {
