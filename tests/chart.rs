@@ -32,7 +32,7 @@ fn ci_values(name: &str) -> String {
     repo().join(format!("charts/kubecast/ci/{name}-values.yaml")).display().to_string()
 }
 
-const CI_VALUES: [&str; 6] = ["minimal", "kafka-sasl", "nats-creds", "sidecar", "pvc", "servicemonitor"];
+const CI_VALUES: [&str; 7] = ["minimal", "kafka-sasl", "nats-creds", "sidecar", "pvc", "servicemonitor", "ha"];
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -625,6 +625,40 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     );
 }
 
+/// Two replicas, one active through a Lease: the rendered config elects, each pod has its
+/// identity, RollingUpdate (a new pod starts as a standby), RBAC for that one Lease only; and
+/// more than one replica without coordination is refused.
+#[test]
+fn ha_values_render_two_replicas_a_lease_and_its_role() {
+    let objs = render("ha", &[]);
+    let deploy = one(&objs, "Deployment");
+    assert_eq!(deploy["spec"]["replicas"], 2);
+    assert_eq!(deploy["spec"]["strategy"]["type"], "RollingUpdate");
+    assert_eq!(deploy["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"], 0);
+    assert_has_lines(
+        &config_toml(&objs),
+        &["[coordination]", "enabled = true", "lease_name = \"k-kubecast\"", "lease_namespace = \"kc\""],
+    );
+    let c = kubecast_container(pod_spec(&objs));
+    assert_eq!(env_of(c, "POD_NAME").unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+    assert_eq!(env_of(c, "POD_NAMESPACE").unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
+    let role = objs
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "k-kubecast-lease")
+        .expect("the lease role");
+    assert_eq!(role["metadata"]["namespace"], "kc");
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["k-kubecast"], "verbs": ["get", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}
+        ])
+    );
+    let out = template("minimal", &["replicas=2"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("replicas = 2 needs coordination.enabled = true"), "{}", text(&out.stderr));
+}
+
 /// kubecast stops within `shutdown_timeout_seconds`; the grace period before the kubelet's
 /// SIGKILL is derived from it, and a shorter one is refused.
 #[test]
@@ -643,7 +677,7 @@ fn the_grace_period_follows_the_shutdown_timeout_and_a_shorter_one_is_refused() 
 fn values_that_violate_the_schema_are_rejected_naming_the_value() {
     let cases: [(&[&str], &[&str]); 6] = [
         (&["mode=daemonset"], &["/mode", "standalone", "sidecar"]),
-        (&["replicas=2"], &["additional properties 'replicas' not allowed"]),
+        (&["replicas=0"], &["/replicas"]),
         (&["config.resources[0].resource=null"], &["/config/resources/0/resource"]),
         (&["config.resources[0].verbs={create}"], &["/config/resources/0", "verbs"]),
         (&["admin.port=70000"], &["/admin/port"]),

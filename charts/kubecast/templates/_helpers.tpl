@@ -148,6 +148,10 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- end }}
 {{- end }}
 
+{{- define "kubecast.leaseName" -}}
+{{- .Values.coordination.leaseName | default (include "kubecast.fullname" .) }}
+{{- end }}
+
 {{- define "kubecast.configToml" -}}
 {{- $listen := printf "0.0.0.0:%d" (int .Values.admin.port) }}
 {{- if .Values.config.raw }}
@@ -177,6 +181,9 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- $_ := set $cfg "telemetry" (deepCopy .Values.config.telemetry) }}
 {{- end }}
 {{- $_ := set $cfg "admin" (dict "listen" $listen) }}
+{{- if .Values.coordination.enabled }}
+{{- $_ := set $cfg "coordination" (dict "enabled" true "lease_name" (include "kubecast.leaseName" .) "lease_namespace" .Release.Namespace) }}
+{{- end }}
 {{- $res := list }}
 {{- range .Values.config.resources }}
 {{- $res = append $res (omit (deepCopy .) "resource") }}
@@ -239,6 +246,19 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
       value: {{ include "kubecast.checkpointDir" . | quote }}
     - name: KUBECAST_ADMIN__LISTEN
       value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
+    {{- if .Values.coordination.enabled }}
+    # The identity in the Lease, and its namespace.
+    - name: POD_NAME
+      valueFrom:
+        fieldRef:
+          apiVersion: v1
+          fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          apiVersion: v1
+          fieldPath: metadata.namespace
+    {{- end }}
     {{- range .Values.secretEnv }}
     - name: {{ .name }}
       valueFrom:
