@@ -782,20 +782,7 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
     let chart = chart();
     ok(helm(&["install", &release, &chart, "-n", &home.name, "-f", values_path.to_str().unwrap()]), "helm install");
 
-    // A kubeconfig with a token of the chart's ServiceAccount (and nothing else).
-    let token = ok(kubectl(&["create", "token", &sa, "-n", &home.name, "--duration=1h"], None), "kubectl create token");
-    let kubeconfig = dir.path().join("kubeconfig");
-    let kc = json!({
-        "apiVersion": "v1", "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {
-            "server": common::env_var("KUBECAST_TEST_APISERVER"),
-            "certificate-authority": common::env_var("KUBECAST_TEST_CA")}}],
-        "users": [{"name": "sa", "user": {"token": token.trim()}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": "sa"}}],
-        "current-context": "sa"
-    });
-    std::fs::write(&kubeconfig, kc.to_string()).unwrap();
-    let kubeconfig = kubeconfig.to_str().unwrap().to_string();
+    let kubeconfig = service_account_kubeconfig(&sa, &home.name, dir.path());
 
     // What the identity may do: read (get, list, watch) the configured resources, nothing else.
     let who =
@@ -876,6 +863,78 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
 }
 
 /// The top-level tables `names` of `toml` (with their sub-tables) when `keep`, else the rest.
+/// A kubeconfig with a token of ServiceAccount `sa` of `ns` (and nothing else), in `dir`.
+fn service_account_kubeconfig(sa: &str, ns: &str, dir: &Path) -> String {
+    let token = ok(kubectl(&["create", "token", sa, "-n", ns, "--duration=1h"], None), "kubectl create token");
+    let kubeconfig = dir.join("kubeconfig");
+    let kc = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {
+            "server": common::env_var("KUBECAST_TEST_APISERVER"),
+            "certificate-authority": common::env_var("KUBECAST_TEST_CA")}}],
+        "users": [{"name": "sa", "user": {"token": token.trim()}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "test", "user": "sa"}}],
+        "current-context": "sa"
+    });
+    std::fs::write(&kubeconfig, kc.to_string()).unwrap();
+    kubeconfig.to_str().unwrap().to_string()
+}
+
+/// With coordination, the chart's ServiceAccount may take and renew its one Lease, and
+/// nothing more of leases; kubecast with the chart's config and that identity holds it.
+#[tokio::test]
+async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
+    let client = common::client().await;
+    let home = TestNamespace::new(&client, "kc-lease").await;
+    let release = common::unique("lease");
+    let sa = format!("{release}-kubecast");
+    let values = json!({
+        "coordination": {"enabled": true},
+        "config": {"cluster": {"name": "lease-proof"},
+            "resources": [{"api_version": "v1", "kind": "ConfigMap", "resource": "configmaps", "namespaces": [home.name]}]}
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let values_path = dir.path().join("values.json");
+    std::fs::write(&values_path, values.to_string()).unwrap();
+    ok(helm(&["install", &release, &chart(), "-n", &home.name, "-f", values_path.to_str().unwrap()]), "helm install");
+    let kubeconfig = service_account_kubeconfig(&sa, &home.name, dir.path());
+    let can = |args: &[&str]| {
+        let mut a = vec!["auth", "can-i"];
+        a.extend(args);
+        a.extend(["-n", home.name.as_str()]);
+        text(&kubectl_as(&kubeconfig, &a, None).stdout).trim().to_string()
+    };
+    let lease = format!("leases.coordination.k8s.io/{sa}");
+    assert_eq!(can(&["get", &lease]), "yes");
+    assert_eq!(can(&["update", &lease]), "yes");
+    assert_eq!(can(&["create", "leases.coordination.k8s.io"]), "yes");
+    for (what, args) in [
+        ("another lease", vec!["update", "leases.coordination.k8s.io/other"]),
+        ("deleting its lease", vec!["delete", lease.as_str()]),
+        ("listing leases", vec!["list", "leases.coordination.k8s.io"]),
+    ] {
+        assert_eq!(can(&args), "no", "{what} must be denied");
+    }
+    let installed = ok(
+        kubectl(&["get", "configmap", &sa, "-n", &home.name, "-o", "jsonpath={.data.kubecast\\.toml}"], None),
+        "read the chart's ConfigMap",
+    );
+    assert!(installed.contains("[coordination]"), "{installed}");
+    let config = tables(&installed, &["sink", "checkpoint"], false);
+    let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", &kubeconfig), ("POD_NAME", "proof-0")]);
+    kc.wait_log("holding the lease", 1).await;
+    let holder = ok(
+        kubectl(&["get", "lease", &sa, "-n", &home.name, "-o", "jsonpath={.spec.holderIdentity}"], None),
+        "read the lease",
+    );
+    assert!(holder.starts_with("proof-0-"), "{holder}");
+    // Renewed with that identity: still held a few retry periods later.
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(!kc.log().contains("lost the lease"), "{}", kc.log());
+    assert!(kc.stop().success(), "{}", kc.log());
+    ok(helm(&["uninstall", &release, "-n", &home.name]), "helm uninstall");
+}
+
 fn tables(toml: &str, names: &[&str], keep: bool) -> String {
     let mut out = String::new();
     let mut inside = false;
