@@ -108,7 +108,7 @@ const BAD: &[BadCase] = &[
         "a lease renewed less often than it expires",
         "[coordination]\nenabled = true\nlease_duration_seconds = 5\nrenew_deadline_seconds = 10\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
-        &["coordination.lease_duration_seconds", "lease_duration_seconds (5) > renew_deadline_seconds (10)", "fix:"],
+        &["coordination.lease_duration_seconds", "lease_duration_seconds (5) >= renew_deadline_seconds (10)", "fix:"],
     ),
     (
         "the dead letter in the sink's own file",

@@ -15,7 +15,7 @@ fn config(ns: &str, lease: &str) -> String {
     cm_config(
         ns,
         &format!(
-            "[coordination]\nenabled = true\nlease_name = \"{lease}\"\nlease_namespace = \"{ns}\"\nlease_duration_seconds = 4\nrenew_deadline_seconds = 3\nretry_period_seconds = 1\n"
+            "[coordination]\nenabled = true\nlease_name = \"{lease}\"\nlease_namespace = \"{ns}\"\nlease_duration_seconds = 4\nrenew_deadline_seconds = 2\nretry_period_seconds = 1\n"
         ),
     )
 }
@@ -32,9 +32,16 @@ async fn one_of_two_publishes_and_the_standby_takes_over_when_the_leader_dies() 
     let mut a = Kubecast::start(&cfg);
     a.wait_log("holding the lease", 1).await;
     let mut b = Kubecast::start(&cfg);
-    b.wait_ready_reason("standby: lease").await;
-    let (_, body) = b.admin_get("/readyz").await;
-    assert!(body.contains(&format!("{}/", ns.name)) && body.contains("held by"), "{body}");
+    // A standby is ready (it must not hold up rollouts) and says it stands by.
+    b.wait_log("standby: another process holds the lease", 1).await;
+    let (status, body) = b.admin_get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("standby: lease") && body.contains(&format!("{}/", ns.name)) && body.contains("held by"),
+        "{body}"
+    );
+    let (_, metrics) = b.admin_get("/metrics").await;
+    assert!(metrics.lines().any(|l| l == "kubecast_leader 0"), "{metrics}");
 
     create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;
     let x = format!("{}/x", ns.name);
@@ -73,7 +80,7 @@ async fn a_paused_leader_that_wakes_up_stops_and_publishes_at_most_what_it_read_
     a.wait_log("holding the lease", 1).await;
     a.wait_ready(200).await;
     let mut b = Kubecast::start(&cfg);
-    b.wait_ready_reason("standby: lease").await;
+    b.wait_log("standby: another process holds the lease", 1).await;
 
     a.signal("STOP");
     b.wait_log("holding the lease", 1).await;

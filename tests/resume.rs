@@ -124,7 +124,12 @@ async fn a_corrupt_checkpoint_is_a_clear_error_never_a_silent_replay() {
     kc.wait_for("snapshot", WAIT, |e| e.len() == 3).await;
     assert!(kc.stop().success());
     let state = kc.dir.path().join("state");
-    let file = std::fs::read_dir(&state).unwrap().next().unwrap().unwrap().path();
+    // The stream's checkpoint file (the directory also holds the lock and the dead letter).
+    let file = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .expect("a checkpoint file");
     let mut bytes = std::fs::read(&file).unwrap();
     bytes.truncate(bytes.len() / 2);
     std::fs::write(&file, &bytes).unwrap();

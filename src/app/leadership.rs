@@ -23,13 +23,18 @@ pub async fn wait_for_lease(
     let retry = Duration::from_secs(cfg.retry_period_seconds.into());
     let mut last_holder = None;
     loop {
-        match elector.try_acquire_or_renew().await {
+        let attempt = tokio::select! {
+            _ = cancel.cancelled() => return Ok(None),
+            a = tokio::time::timeout(retry, elector.try_acquire_or_renew()) => a,
+        };
+        match attempt.unwrap_or(Ok(Attempt::Conflict)) {
             Ok(Attempt::Held { epoch }) => {
                 info!(lease = %elector.lease(), identity = elector.identity(), epoch, "holding the lease: this process is the active one");
                 health.set_standby(None);
                 set_leader(true, epoch);
                 return Ok(Some(epoch));
             }
+            Ok(Attempt::Conflict) => {}
             Ok(Attempt::Other { holder }) => {
                 if last_holder.as_ref() != Some(&holder) {
                     info!(lease = %elector.lease(), holder = %holder, "standby: another process holds the lease");
@@ -49,44 +54,53 @@ pub async fn wait_for_lease(
     }
 }
 
-/// Renews the Lease every retry period until `cancel` (then gives it up, so a standby takes
-/// over at once). Returns an error as soon as the Lease is lost: another process holds it, or
-/// no renewal succeeded within the renew deadline.
+/// Renews the Lease every retry period until `stop` (then gives it up, so a standby takes
+/// over at once). Returns an error as soon as the Lease is lost: another process holds it, it
+/// was taken in another epoch meanwhile, or no renewal succeeded within the renew deadline
+/// (counted from the start of the last successful attempt, and checked before each attempt,
+/// so a process waking up from a pause notices without a round trip). `lost` is cancelled
+/// then too, for a drain in progress.
 pub async fn keep_lease(
     mut elector: Elector,
     cfg: CoordinationConfig,
-    cancel: CancellationToken,
+    epoch: i32,
+    stop: CancellationToken,
+    lost_token: CancellationToken,
 ) -> Result<(), RunError> {
     let retry = Duration::from_secs(cfg.retry_period_seconds.into());
     let deadline = Duration::from_secs(cfg.renew_deadline_seconds.into());
     let mut renewed = Instant::now();
-    loop {
+    let result = loop {
         tokio::select! {
-            _ = cancel.cancelled() => {
-                elector.release().await;
+            _ = stop.cancelled() => {
+                let _ = tokio::time::timeout(retry, elector.release()).await;
                 set_leader(false, 0);
                 return Ok(());
             }
             _ = tokio::time::sleep(retry) => {}
         }
-        let attempt = tokio::time::timeout(retry, elector.try_acquire_or_renew()).await;
-        match attempt {
-            Ok(Ok(Attempt::Held { epoch })) => {
-                renewed = Instant::now();
+        let left = deadline.saturating_sub(renewed.elapsed());
+        if left.is_zero() {
+            break Err(lost(&elector, format!("not renewed for {} s (renew_deadline_seconds)", deadline.as_secs())));
+        }
+        let started = Instant::now();
+        match tokio::time::timeout(retry.min(left), elector.try_acquire_or_renew()).await {
+            Ok(Ok(Attempt::Held { epoch: now })) if now == epoch => {
+                renewed = started;
                 set_leader(true, epoch);
             }
-            Ok(Ok(Attempt::Other { holder })) => {
-                set_leader(false, 0);
-                return Err(lost(&elector, format!("{holder} holds it now")));
+            Ok(Ok(Attempt::Held { epoch: now })) => {
+                break Err(lost(&elector, format!("held by another process meanwhile (epoch {epoch} -> {now})")));
             }
+            Ok(Ok(Attempt::Other { holder })) => break Err(lost(&elector, format!("{holder} holds it now"))),
+            Ok(Ok(Attempt::Conflict)) => warn!("lease changed during the renewal; retrying until the renew deadline"),
             Ok(Err(e)) => warn!(error = %e, "lease not renewed; retrying until the renew deadline"),
             Err(_) => warn!("lease renewal got no answer in time; retrying until the renew deadline"),
         }
-        if renewed.elapsed() >= deadline {
-            set_leader(false, 0);
-            return Err(lost(&elector, format!("not renewed for {} s (renew_deadline_seconds)", deadline.as_secs())));
-        }
-    }
+    };
+    set_leader(false, 0);
+    lost_token.cancel();
+    result
 }
 
 fn lost(elector: &Elector, why: String) -> RunError {

@@ -57,15 +57,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     // `[coordination]`: a standby waits here, its admin server up, until it holds the lease.
     let lease_stop = CancellationToken::new();
+    // Fired when the lease is lost, also during the drain: publishing stops at once.
+    let lease_lost = CancellationToken::new();
     let mut lease = None;
     match leadership::elector(&client, &pipeline.config.coordination, &health) {
         Some(mut elector) => {
             let cfg = pipeline.config.coordination.clone();
-            if leadership::wait_for_lease(&mut elector, &cfg, &health, &cancel).await?.is_none() {
+            let Some(epoch) = leadership::wait_for_lease(&mut elector, &cfg, &health, &cancel).await? else {
                 info!("stopped while standby");
                 return Ok(());
-            }
-            lease = Some(tokio::spawn(leadership::keep_lease(elector, cfg, lease_stop.clone())));
+            };
+            let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), lease_lost.clone());
+            lease = Some(tokio::spawn(keeper));
         }
         None => {
             crate::observe::metrics::get().leader.set(1);
@@ -108,6 +111,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         checkpoints: pipeline.checkpoints(),
         timeout,
         outcome: &mut outcome,
+        stop_now: &lease_lost,
     })
     .await;
     // Given up only now, after the final checkpoint: a standby takes over where this one ended.

@@ -34,30 +34,57 @@ pub struct Drain<'a> {
     /// From now until everything but the final checkpoint write is done.
     pub timeout: Duration,
     pub outcome: &'a mut Outcome,
+    /// Fired when publishing must stop at once (the lease was lost): the deadline is now.
+    pub stop_now: &'a CancellationToken,
 }
 
 pub async fn drain(d: Drain<'_>) {
-    let Drain { health, cancel, mut streams, mut downstream, queue_done, sink, checkpoints, timeout, outcome } = d;
+    let Drain {
+        health,
+        cancel,
+        mut streams,
+        mut downstream,
+        queue_done,
+        sink,
+        checkpoints,
+        timeout,
+        outcome,
+        stop_now,
+    } = d;
     let deadline = Instant::now() + timeout;
+    // The deadline, or at once when `stop_now` fires.
+    let cut = || async {
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = stop_now.cancelled() => {}
+        }
+    };
     health.set_shutting_down();
     cancel.cancel();
     // The reflectors end at once on the token.
-    let joined = tokio::time::timeout_at(deadline, async {
+    let joined = async {
         while let Some(joined) = streams.join_next().await {
             if let Some(e) = task_error(joined) {
                 outcome.fail(e.into(), cancel);
             }
         }
-    })
-    .await;
-    if joined.is_err() {
+    };
+    let finished = tokio::select! {
+        _ = joined => true,
+        _ = cut() => false,
+    };
+    if !finished {
         streams.abort_all();
     }
     // The shaper hands the queue what it took; the queue delivers meanwhile (both can wait on
     // a slow or unreachable sink: bounded by the deadline).
-    finish_by(deadline, &mut downstream.shaper, "shaping").await;
+    finish_by(cut(), &mut downstream.shaper, "shaping").await;
     if !queue_done {
-        match tokio::time::timeout_at(deadline, &mut downstream.queue).await {
+        let done = tokio::select! {
+            done = &mut downstream.queue => Ok(done),
+            _ = cut() => Err(()),
+        };
+        match done {
             Ok(done) => {
                 if let Err(e) = flatten(done) {
                     outcome.fail(e.into(), cancel);
@@ -72,7 +99,9 @@ pub async fn drain(d: Drain<'_>) {
             }
         }
     }
-    if let Err(e) = sink.flush(deadline.saturating_duration_since(Instant::now())) {
+    let left =
+        if stop_now.is_cancelled() { Duration::ZERO } else { deadline.saturating_duration_since(Instant::now()) };
+    if let Err(e) = sink.flush(left) {
         // Not acknowledged, so not in any checkpoint: sent again after the restart.
         warn!(error = %e, "not everything handed to the producer was delivered before the shutdown deadline");
     }
@@ -88,9 +117,13 @@ pub async fn drain(d: Drain<'_>) {
     info!(within_deadline = Instant::now() <= deadline, "final checkpoints written");
 }
 
-/// Waits for `task` until `deadline`, else stops it.
-async fn finish_by(deadline: Instant, task: &mut JoinHandle<()>, what: &str) {
-    if tokio::time::timeout_at(deadline, &mut *task).await.is_err() {
+/// Waits for `task` until `cut` completes, else stops it.
+async fn finish_by(cut: impl std::future::Future<Output = ()>, task: &mut JoinHandle<()>, what: &str) {
+    let finished = tokio::select! {
+        _ = &mut *task => true,
+        _ = cut => false,
+    };
+    if !finished {
         task.abort();
         warn!("shutdown deadline: {what} stopped before it finished");
     }

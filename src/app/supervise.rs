@@ -60,8 +60,10 @@ pub async fn until_stopped(
         tokio::select! {
             kept = lease_lost => {
                 lease.take();
-                if let Ok(Err(e)) = kept {
-                    outcome.fail(e, cancel);
+                match kept {
+                    Ok(Err(e)) => outcome.fail(e, cancel),
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    _ => {}
                 }
                 return false;
             }

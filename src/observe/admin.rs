@@ -84,7 +84,10 @@ async fn live() -> &'static str {
 async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, String) {
     let reasons = health.not_ready();
     if reasons.is_empty() {
-        (StatusCode::OK, "ready\n".into())
+        match health.standby() {
+            Some(standby) => (StatusCode::OK, format!("ready ({standby})\n")),
+            None => (StatusCode::OK, "ready\n".into()),
+        }
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n") + "\n")
     }

@@ -44,6 +44,11 @@ impl Health {
         *self.standby.lock().expect("health lock") = reason;
     }
 
+    /// Why this process stands by, if it does.
+    pub fn standby(&self) -> Option<String> {
+        self.standby.lock().expect("health lock").clone()
+    }
+
     /// `Some(reason)`: the stream's checkpoint is stalled; `None`: it moves.
     pub fn set_stalled(&self, stream: usize, reason: Option<String>) {
         self.stalls.lock().expect("health lock")[stream] = reason;
@@ -73,6 +78,11 @@ impl Health {
         if self.shutting_down.load(Ordering::Relaxed) {
             out.push("shutting down".to_string());
         }
+        if self.standby().is_some() {
+            // A standby is ready (its pod must not hold up rollouts, drains or its host's
+            // endpoints); `/readyz` says it stands by, `kubecast_leader` is 0.
+            return out;
+        }
         for (name, phase) in &self.streams {
             match phase.load(Ordering::Relaxed) {
                 p if p == StreamPhase::WaitingForKind as u8 => {
@@ -81,9 +91,6 @@ impl Health {
                 p if p == StreamPhase::Starting as u8 => out.push(format!("stream {name}: initial sync not done")),
                 _ => {}
             }
-        }
-        if let Some(reason) = self.standby.lock().expect("health lock").as_ref() {
-            out.push(reason.clone());
         }
         out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
         if let Some(reason) = self.apiserver.lock().expect("health lock").as_ref() {

@@ -76,12 +76,17 @@ impl CoordinationConfig {
     pub fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let (d, r, p) = (self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds);
-        if p == 0 || r <= p || d <= r {
+        if p == 0 || r <= p || d < r + p {
             out.push(Problem::new(
                 "coordination.lease_duration_seconds",
-                format!("needs lease_duration_seconds ({d}) > renew_deadline_seconds ({r}) > retry_period_seconds ({p}) >= 1"),
+                format!(
+                    "needs lease_duration_seconds ({d}) >= renew_deadline_seconds ({r}) + retry_period_seconds ({p}), and renew_deadline_seconds > retry_period_seconds >= 1 (a holder must notice a missed renewal before a standby may take over)"
+                ),
                 "e.g. 15, 10 and 2 (the defaults)",
             ));
+        }
+        if self.identity.as_deref().is_some_and(|i| i.trim().is_empty()) {
+            out.push(Problem::new("coordination.identity", "must not be empty", "remove it for the pod name"));
         }
         if self.lease_name.is_empty() {
             out.push(Problem::new("coordination.lease_name", "must not be empty", "e.g. \"kubecast\""));
@@ -96,13 +101,15 @@ impl CoordinationConfig {
             .unwrap_or_else(|| "default".into())
     }
 
+    /// The configured identity (default: `POD_NAME`, else the host name), plus the pid: two
+    /// processes never share one, also when they share a config.
     pub fn identity(&self) -> String {
-        self.identity.clone().unwrap_or_else(|| {
-            let host = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
+        let name = self.identity.clone().unwrap_or_else(|| {
+            std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
                 std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
-            });
-            format!("{host}-{}", std::process::id())
-        })
+            })
+        });
+        format!("{name}-{}", std::process::id())
     }
 }
 
@@ -123,6 +130,9 @@ pub enum Attempt {
     Held { epoch: i32 },
     /// Another process does.
     Other { holder: String },
+    /// The Lease changed between this process's read and its write (409) while this process
+    /// held it: not settled; try again (a renewal that failed, as client-go counts it).
+    Conflict,
 }
 
 /// What identifies a Lease record: its holder and renew time.
@@ -199,23 +209,27 @@ impl Elector {
         self.observed = Some((record, seen_since));
         let mine = holder.as_deref() == Some(self.identity.as_str());
         let transitions = spec.lease_transitions.unwrap_or(0);
+        // The holder's own duration counts too (a config change shortening it must not let a
+        // standby take over between two renewals of the old holder).
+        let recorded = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
         let epoch = if mine {
             transitions
         } else {
-            let expired = holder.is_none() || seen_since.elapsed() >= self.duration;
+            let expired = holder.is_none() || seen_since.elapsed() >= self.duration.max(recorded);
             if !expired {
                 return Ok(Attempt::Other { holder: holder.unwrap_or_default() });
             }
             spec.holder_identity = Some(self.identity.clone());
             spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(transitions + 1);
-            transitions + 1
+            spec.lease_transitions = Some(transitions.saturating_add(1));
+            transitions.saturating_add(1)
         };
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(seconds);
         // Conditional on the resourceVersion read: a concurrent writer makes this fail (409).
         match self.api.replace(&self.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(Attempt::Held { epoch }),
+            Err(kube::Error::Api(s)) if s.code == 409 && mine => Ok(Attempt::Conflict),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 Ok(Attempt::Other { holder: holder.unwrap_or_else(|| "(changed meanwhile)".into()) })
             }

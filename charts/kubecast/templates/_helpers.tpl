@@ -167,6 +167,9 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- if ne (sortAlpha $rawKeys | uniq | join ";") (sortAlpha $keys | uniq | join ";") }}
 {{- fail (printf "config.raw watches [%s] but config.resources lists [%s]; RBAC is rendered from config.resources, so list every [[resources]] entry of config.raw there too (api_version, kind, resource = the plural, namespaces)" (sortAlpha $rawKeys | join "; ") (sortAlpha $keys | join "; ")) }}
 {{- end }}
+{{- if and (not .Values.coordination.enabled) ($raw.coordination | default dict).enabled }}
+{{- fail "config.raw enables [coordination], but coordination.enabled is false: the chart renders no Role for the Lease (fix: set coordination.enabled = true)" }}
+{{- end }}
 {{- .Values.config.raw }}
 {{- else }}
 {{- include "kubecast.checkSecrets" (list .Values.config.sink "config") }}
@@ -247,6 +250,13 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
     - name: KUBECAST_ADMIN__LISTEN
       value: {{ printf "0.0.0.0:%d" (int .Values.admin.port) | quote }}
     {{- if .Values.coordination.enabled }}
+    # Pinned by the chart (also over config.raw): the Lease its Role grants.
+    - name: KUBECAST_COORDINATION__ENABLED
+      value: "true"
+    - name: KUBECAST_COORDINATION__LEASE_NAME
+      value: {{ include "kubecast.leaseName" . | quote }}
+    - name: KUBECAST_COORDINATION__LEASE_NAMESPACE
+      value: {{ .Release.Namespace | quote }}
     # The identity in the Lease, and its namespace.
     - name: POD_NAME
       valueFrom:
