@@ -238,10 +238,13 @@ impl KafkaSink {
     }
 
     /// Waits until everything handed to librdkafka is delivered (or `timeout` passes).
+    /// Both producers share the one `timeout` (the shutdown's deadline).
     pub fn flush(&self, timeout: Duration) -> Result<(), SinkError> {
+        let deadline = std::time::Instant::now() + timeout;
         if let Some(solo) = self.solo.get() {
             solo.flush(timeout).map_err(|e| SinkError::Flush(e.to_string()))?;
         }
-        self.producer.flush(timeout).map_err(|e| SinkError::Flush(e.to_string()))
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        self.producer.flush(left).map_err(|e| SinkError::Flush(e.to_string()))
     }
 }
