@@ -42,6 +42,22 @@ async fn wait_checkpoint_moved(kc: &Kubecast) {
     }
 }
 
+/// A JetStream stream of the test's own: named after a unique prefix (upper case), with the
+/// subjects `subjects(prefix)` and a 10-minute duplicate window.
+async fn test_stream(subjects: impl FnOnce(&str) -> Vec<String>) -> (jetstream::Context, String) {
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("p").replace('-', "_");
+    js.create_stream(stream::Config {
+        name: prefix.to_uppercase(),
+        subjects: subjects(&prefix),
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    (js, prefix)
+}
+
 #[tokio::test]
 async fn a_kafka_topic_that_does_not_exist_dead_letters_instead_of_freezing_the_stream() {
     let client = client().await;
@@ -70,17 +86,9 @@ async fn a_kafka_topic_that_does_not_exist_dead_letters_instead_of_freezing_the_
 async fn a_nats_subject_no_stream_covers_dead_letters_instead_of_freezing_the_stream() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "poison-n").await;
-    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
-    let prefix = common::unique("p").replace('-', "_");
     // Covers the `default` namespace only: what kubecast's start-up check samples for a
     // cluster-wide stream. The test's namespace is not covered.
-    js.create_stream(stream::Config {
-        name: prefix.to_uppercase(),
-        subjects: vec![format!("{prefix}.default.>")],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (js, prefix) = test_stream(|p| vec![format!("{p}.default.>")]).await;
     let label = common::unique("l");
     let config = format!(
         "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nlabel_selector = \"poison={label}\"\nsubject = \"{prefix}.{{namespace}}.{{verb}}\"\n"
@@ -102,15 +110,7 @@ async fn a_nats_subject_no_stream_covers_dead_letters_instead_of_freezing_the_st
 async fn a_dead_letter_destination_that_cannot_take_dead_letters_is_refused_at_start() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "poison-d").await;
-    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
-    let prefix = common::unique("d").replace('-', "_");
-    js.create_stream(stream::Config {
-        name: prefix.to_uppercase(),
-        subjects: vec![format!("{prefix}.>")],
-        ..Default::default()
-    })
-    .await
-    .unwrap();
+    let (js, prefix) = test_stream(|p| vec![format!("{p}.>")]).await;
     let sink = format!(
         "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{prefix}.{{resource}}\"\n",
         common::env_var("NATS_URL")
@@ -134,19 +134,10 @@ async fn a_dead_letter_destination_that_cannot_take_dead_letters_is_refused_at_s
 async fn a_nats_dead_letter_is_not_dropped_as_a_duplicate_of_its_event() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "poison-dup").await;
-    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
-    let prefix = common::unique("q").replace('-', "_");
+    // The dead-letter subject, and the events of `default` (what the start-up check samples);
+    // not the events of the test's namespace.
+    let (js, prefix) = test_stream(|p| vec![format!("{p}.dead"), format!("{p}.ev.default.>")]).await;
     let name = prefix.to_uppercase();
-    js.create_stream(stream::Config {
-        name: name.clone(),
-        // The dead-letter subject, and the events of `default` (what the start-up check
-        // samples); not the events of the test's namespace.
-        subjects: vec![format!("{prefix}.dead"), format!("{prefix}.ev.default.>")],
-        duplicate_window: Duration::from_secs(600),
-        ..Default::default()
-    })
-    .await
-    .unwrap();
     let label = common::unique("l");
     let cm = create_cm(&client, &ns.name, "a", json!({"poison": label}), json!({"v": "1"})).await;
     let id = format!("{}:{}:added", cm.metadata.uid.unwrap(), cm.metadata.resource_version.unwrap());

@@ -97,8 +97,8 @@ impl Queue {
             // Acknowledgements held behind an event still in flight (its stream's watermark
             // cannot apply them) are bounded too: past `capacity` in one stream, no more jobs
             // are taken until it delivers (backpressure, reported as a stall).
-            let behind = self.checkpoints.iter().any(|c| c.waiting() >= self.capacity);
-            if held >= self.capacity || behind {
+            // (Only looked at while the queue has room: not per event once it is full.)
+            if held >= self.capacity || self.checkpoints.iter().any(|c| c.waiting() >= self.capacity) {
                 accepting = false;
             } else if held + batch_size <= self.capacity {
                 accepting = true;
