@@ -15,6 +15,8 @@ use kubecast::config::Config;
 use kubecast::model::{Change, CloudEvent, Effect, EventSource, IndexEntry, IndexOp, Origin, RawObject, Verb};
 use kubecast::sink::Sink;
 use kubecast::source::reflector::Item;
+use kubecast::state::store::file::FileStore;
+use kubecast::state::store::{Owner, Store};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -276,7 +278,9 @@ pub fn config(dir: &Path, sink: &str) -> Config {
 /// watch lines ([`item`]). Measured from the first item to the last acknowledgement.
 pub async fn kubecast(sink: &str, recording: &Arc<Vec<bytes::Bytes>>) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
-    let pipeline = Pipeline::new(config(dir.path(), sink)).expect("checkpoint store");
+    let mut pipeline = Pipeline::new(config(dir.path(), sink));
+    let store = FileStore::open(&pipeline.config.checkpoint.dir, Owner::default()).expect("checkpoint store");
+    pipeline.load(Store::File(store)).await.expect("positions");
     let config = &pipeline.config;
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await.expect("sink"));
     let source = Arc::new(EventSource::new(&config.cluster.name, &pods()));
@@ -304,7 +308,7 @@ pub async fn kubecast(sink: &str, recording: &Arc<Vec<bytes::Bytes>>) -> (f64, f
     downstream.shaper.await.unwrap();
     println!("kubecast {}", cpu_split(&threads0, events));
     cancel.cancel();
-    downstream.persister.await.unwrap();
+    downstream.persister.unwrap().await.unwrap().expect("persisted");
     figures
 }
 

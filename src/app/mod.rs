@@ -11,5 +11,6 @@ mod leadership;
 mod preflight;
 pub mod run;
 mod shutdown;
+mod store;
 mod supervise;
 pub mod wiring;

@@ -17,6 +17,10 @@ use crate::sink::{NatsSink, Sink, SinkError};
 /// The dead-letter destination takes dead letters (see [`DeadLetter::check`]).
 pub async fn check_dead_letter(config: &Config, sink: &Sink) -> Result<(), DeliveryError> {
     let d = &config.delivery;
+    if d.dead_letter.path.is_none() {
+        // Its default place is the checkpoint directory, which a broker store never creates.
+        let _ = std::fs::create_dir_all(&config.checkpoint.dir);
+    }
     DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, RetryPolicy::new(d)).check(sink).await
 }
 

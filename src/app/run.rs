@@ -4,7 +4,7 @@
 //! config -> reflector per stream -> [channel] -> shaping (events filter, CloudEvent)
 //!        -> [channel] -> outbound queue (order, rate limit, retry, dead letter) -> sink
 //!                                                                                   |
-//!            checkpoint files <- persister <- watermark per stream <- ack <---------+
+//!   state store (file | kafka | nats) <- persister <- watermark per stream <- ack <-+
 //! ```
 //!
 //! Every item a reflector emits is acknowledged exactly once: after the sink accepted its
@@ -26,28 +26,25 @@ use tracing::info;
 pub use super::error::RunError;
 use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::{CHANNEL_CAPACITY, Pipeline};
-use super::{leadership, shutdown, supervise};
+use super::{leadership, shutdown, store, supervise};
 use crate::config::Config;
 use crate::observe::admin;
 use crate::observe::health::Health;
 use crate::sink::Sink;
 use crate::source::client;
 use crate::source::reflector::Item;
+use crate::state::store::Owner;
 
 /// Runs until `shutdown` fires or a fatal error occurs.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
     let (client, apiserver) = client::client(&config.cluster).await?;
     let api_limiter = client::limiter(&config.cluster);
-    let mut pipeline = Pipeline::new(config)?;
+    let mut pipeline = Pipeline::new(config);
     let config = &pipeline.config;
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);
     check_nats_streams(config, &client, &sink).await?;
     check_dead_letter(config, &sink).await?;
     let health = Health::new(pipeline.stream_names(), sink.connected());
-
-    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
-    let reflectors = pipeline.reflectors(&client, &api_limiter, &health, &items_tx);
-    drop(items_tx);
 
     let cancel = shutdown.child_token();
     admin::serve(&pipeline.config.admin, health.clone(), cancel.clone()).await?;
@@ -57,28 +54,44 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     // `[coordination]`: a standby waits here, its admin server up, until it holds the lease.
     let lease_stop = CancellationToken::new();
-    // Fired when the lease is lost, also during the drain: publishing stops at once.
+    // Fired when the lease is lost or the store fenced this process, also during the drain:
+    // publishing stops at once.
     let lease_lost = CancellationToken::new();
     let mut lease = None;
-    match leadership::elector(&client, &pipeline.config.coordination, &health) {
+    let (epoch, writer) = match leadership::elector(&client, &pipeline.config.coordination, &health) {
         Some(mut elector) => {
             let cfg = pipeline.config.coordination.clone();
             let Some(epoch) = leadership::wait_for_lease(&mut elector, &cfg, &health, &cancel).await? else {
                 info!("stopped while standby");
                 return Ok(());
             };
+            let writer = elector.identity().to_string();
             let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), lease_lost.clone());
             lease = Some(tokio::spawn(keeper));
+            (i64::from(epoch), writer)
         }
         None => {
             crate::observe::metrics::get().leader.set(1);
+            (0, pipeline.config.coordination.identity())
         }
-    }
+    };
+    // The state, opened and read only by the active process.
+    let owner = Owner { cluster_uid: store::cluster_uid(&client).await, epoch, writer };
+    let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
+    let Some(state) = store::open(&pipeline.config, &sink, &keys, owner, &cancel).await? else {
+        info!("stopped before the state store could be opened");
+        return Ok(());
+    };
+    pipeline.load(state).await?;
+
+    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let reflectors = pipeline.reflectors(&client, &api_limiter, &health, &items_tx);
+    drop(items_tx);
     let mut streams = JoinSet::new();
     for r in reflectors {
         streams.spawn(r.run(cancel.clone()));
     }
-    info!(streams = pipeline.streams.len(), sink = %pipeline.config.sink.kind, "kubecast running");
+    info!(streams = pipeline.streams.len(), sink = %pipeline.config.sink.kind, store = %pipeline.store().describe(), "kubecast running");
     let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &cancel);
     let stall_after = pipeline.config.delivery.stall_after_seconds;
     if stall_after > 0 {
@@ -93,10 +106,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
 
     let mut outcome = supervise::Outcome::default();
-    let queue_done =
-        supervise::until_stopped(&mut streams, &mut downstream.queue, &mut lease, &cancel, &mut outcome).await;
-    // A process that lost the lease stops publishing at once: no drain.
-    let timeout = if outcome.lease_lost() {
+    let queue_done = supervise::until_stopped(
+        &mut streams,
+        &mut downstream.queue,
+        &mut lease,
+        &mut downstream.persister,
+        &cancel,
+        &mut outcome,
+    )
+    .await;
+    // A process that lost the lease, or that the store fenced, stops publishing at once: no
+    // drain, and no more state writes (another process owns the state).
+    let owner_lost = outcome.lease_lost() || outcome.fenced();
+    if owner_lost {
+        lease_lost.cancel();
+    }
+    let timeout = if owner_lost {
         std::time::Duration::ZERO
     } else {
         std::time::Duration::from_secs(pipeline.config.delivery.shutdown_timeout_seconds)
@@ -108,6 +133,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         downstream,
         queue_done,
         sink: &sink,
+        store: pipeline.store(),
         checkpoints: pipeline.checkpoints(),
         timeout,
         outcome: &mut outcome,
@@ -121,6 +147,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     {
         outcome.fail(e, &cancel);
     }
-    info!("kubecast stopped; checkpoints written");
+    info!("kubecast stopped");
     outcome.into_result()
 }

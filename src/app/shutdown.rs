@@ -19,6 +19,8 @@ use super::wiring::Downstream;
 use crate::observe::health::Health;
 use crate::sink::Sink;
 use crate::source::reflector::ReflectorError;
+use crate::state::persister::write_changed;
+use crate::state::store::Store;
 use crate::state::watermark::StreamCheckpoint;
 
 /// What the drain needs.
@@ -30,6 +32,7 @@ pub struct Drain<'a> {
     /// Whether the queue already ended (then it is not waited for again).
     pub queue_done: bool,
     pub sink: &'a Arc<Sink>,
+    pub store: &'a Store,
     pub checkpoints: &'a [Arc<StreamCheckpoint>],
     /// From now until everything but the final checkpoint write is done.
     pub timeout: Duration,
@@ -46,6 +49,7 @@ pub async fn drain(d: Drain<'_>) {
         mut downstream,
         queue_done,
         sink,
+        store,
         checkpoints,
         timeout,
         outcome,
@@ -106,13 +110,21 @@ pub async fn drain(d: Drain<'_>) {
         warn!(error = %e, "not everything handed to the producer was delivered before the shutdown deadline");
     }
     // The persister stops on the token (checked between its writes); a write of it in progress
-    // is waited for, and the final write below would wait for it anyway.
-    let _ = downstream.persister.await;
-    // Always, whatever happened above: the acknowledged position of every stream.
-    for cp in checkpoints {
-        if let Err(e) = cp.persist_if_dirty() {
-            outcome.fail(e.into(), cancel);
-        }
+    // is waited for: writes never overlap.
+    if let Some(persister) = downstream.persister.take()
+        && let Ok(Err(e)) = persister.await
+    {
+        outcome.fail(e.into(), cancel);
+    }
+    // Not when another process owns the state now (the lease was lost, or the store fenced
+    // this one): only the owner writes it.
+    if stop_now.is_cancelled() {
+        warn!("no final checkpoint write: this process no longer owns the state");
+        return;
+    }
+    // Always otherwise, whatever happened above: the acknowledged position of every stream.
+    if let Err(e) = write_changed(store, checkpoints).await {
+        outcome.fail(e.into(), cancel);
     }
     info!(within_deadline = Instant::now() <= deadline, "final checkpoints written");
 }

@@ -11,6 +11,7 @@ use tracing::{error, info, warn};
 
 use crate::observe::health::Health;
 use crate::observe::metrics::StreamMetrics;
+use crate::state::store::CheckpointError;
 use crate::state::watermark::StreamCheckpoint;
 
 use super::error::RunError;
@@ -37,6 +38,11 @@ impl Outcome {
         matches!(self.0, Some(RunError::LeaseLost { .. }))
     }
 
+    /// Whether the run stops because the state store refuses this process (another owns it).
+    pub fn fenced(&self) -> bool {
+        matches!(&self.0, Some(RunError::Checkpoint(e)) if e.is_fatal())
+    }
+
     pub fn into_result(self) -> Result<(), RunError> {
         self.0.map_or(Ok(()), Err)
     }
@@ -47,10 +53,17 @@ pub async fn until_stopped(
     streams: &mut JoinSet<Result<(), ReflectorError>>,
     queue: &mut JoinHandle<Result<(), DeliveryError>>,
     lease: &mut Option<JoinHandle<Result<(), RunError>>>,
+    persister: &mut Option<JoinHandle<Result<(), CheckpointError>>>,
     cancel: &CancellationToken,
     outcome: &mut Outcome,
 ) -> bool {
     loop {
+        let persister_stopped = async {
+            match persister.as_mut() {
+                Some(handle) => handle.await,
+                None => std::future::pending().await,
+            }
+        };
         let lease_lost = async {
             match lease.as_mut() {
                 Some(handle) => handle.await,
@@ -62,6 +75,15 @@ pub async fn until_stopped(
                 lease.take();
                 match kept {
                     Ok(Err(e)) => outcome.fail(e, cancel),
+                    Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                    _ => {}
+                }
+                return false;
+            }
+            stopped = persister_stopped => {
+                persister.take();
+                match stopped {
+                    Ok(Err(e)) => outcome.fail(e.into(), cancel),
                     Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
                     _ => {}
                 }

@@ -27,7 +27,7 @@ use crate::sink::template::Template;
 use crate::source::client::ApiLimiter;
 use crate::source::reflector::{Item, Reflector, StreamSpec};
 use crate::state::persister;
-use crate::state::store::{CheckpointError, CheckpointStore, StreamKey};
+use crate::state::store::{CheckpointError, Store, StreamKey};
 use crate::state::watermark::StreamCheckpoint;
 
 /// Capacity of each channel between stages (reflectors -> shaping -> queue).
@@ -44,7 +44,7 @@ pub struct StreamPlan {
     pub resource_index: usize,
 }
 
-/// A config's streams with their positions loaded, ready to be started.
+/// A config's streams; once [`Pipeline::load`]ed, with their positions, ready to be started.
 pub struct Pipeline {
     pub config: Config,
     pub streams: Vec<StreamPlan>,
@@ -52,21 +52,40 @@ pub struct Pipeline {
     /// What each stream resumes from (taken by its reflector).
     loaded: Vec<Option<Position>>,
     metrics: Vec<Arc<StreamMetrics>>,
+    store: Option<Store>,
 }
 
 impl Pipeline {
-    /// Opens the checkpoint store and loads every stream's position.
-    pub fn new(config: Config) -> Result<Self, CheckpointError> {
-        let store = CheckpointStore::open(&config.checkpoint.dir)?;
+    /// The streams of `config` (nothing loaded yet).
+    pub fn new(config: Config) -> Self {
         let streams = plan(&config);
-        let (mut checkpoints, mut loaded, mut metrics) = (Vec::new(), Vec::new(), Vec::new());
-        for s in &streams {
-            let (checkpoint, start) = StreamCheckpoint::load(store.clone(), s.key.clone())?;
-            checkpoints.push(Arc::new(checkpoint));
-            loaded.push(start);
-            metrics.push(Arc::new(StreamMetrics::new(&s.key.group, &s.key.kind, &s.name)));
-        }
-        Ok(Self { config, streams, checkpoints, loaded, metrics })
+        let metrics =
+            streams.iter().map(|s| Arc::new(StreamMetrics::new(&s.key.group, &s.key.kind, &s.name))).collect();
+        Self { config, streams, checkpoints: Vec::new(), loaded: Vec::new(), metrics, store: None }
+    }
+
+    /// Loads every stream's position from `store`, which the persister then writes.
+    pub async fn load(&mut self, store: Store) -> Result<(), CheckpointError> {
+        let keys: Vec<StreamKey> = self.streams.iter().map(|s| s.key.clone()).collect();
+        let started = std::time::Instant::now();
+        let loaded = store.load(&keys).await?;
+        tracing::info!(
+            store = %store.describe(),
+            streams = keys.len(),
+            objects = loaded.iter().flatten().map(|p| p.objects.len()).sum::<usize>(),
+            took = ?started.elapsed(),
+            "stream positions loaded"
+        );
+        self.checkpoints =
+            keys.into_iter().zip(&loaded).map(|(k, p)| Arc::new(StreamCheckpoint::new(k, p.clone()))).collect();
+        self.loaded = loaded;
+        self.store = Some(store);
+        Ok(())
+    }
+
+    /// The store the positions were loaded from.
+    pub fn store(&self) -> &Store {
+        self.store.as_ref().expect("Pipeline::load first")
     }
 
     pub fn stream_names(&self) -> Vec<String> {
@@ -131,6 +150,7 @@ impl Pipeline {
     ) -> Downstream {
         let config = &self.config;
         let persister = tokio::spawn(persister::run(
+            self.store().clone(),
             self.checkpoints.clone(),
             self.metrics.clone(),
             Duration::from_millis(config.checkpoint.flush_interval_ms),
@@ -171,7 +191,7 @@ impl Pipeline {
             metrics: self.metrics.clone(),
         };
         let queue = tokio::spawn(async move { queue.run(jobs_rx).await });
-        Downstream { shaper, queue, persister }
+        Downstream { shaper, queue, persister: Some(persister) }
     }
 }
 
@@ -181,8 +201,9 @@ pub struct Downstream {
     pub shaper: JoinHandle<()>,
     /// Ends when everything taken was delivered (the shaper gone), or with a fatal error.
     pub queue: JoinHandle<Result<(), DeliveryError>>,
-    /// Ends when the cancel token fires.
-    pub persister: JoinHandle<()>,
+    /// Ends when the cancel token fires, or when the store refuses this process.
+    /// (`None` once supervision saw it end.)
+    pub persister: Option<JoinHandle<Result<(), CheckpointError>>>,
 }
 
 /// The streams of `config`, in stream order (one per resource and namespace).

@@ -100,6 +100,7 @@ impl Config {
             out.extend(r.problems(self.sink.kind).into_iter().map(|p| p.within(&format!("resources[{i}]"))));
         }
         out.extend(self.same_streams());
+        out.extend(self.store_problems());
         let dead_letter_file =
             matches!(self.delivery.dead_letter.kind, crate::delivery::DeadLetterType::File).then(|| {
                 self.delivery.dead_letter.path.clone().unwrap_or_else(|| self.checkpoint.dir.join("dead-letter.jsonl"))
@@ -110,6 +111,35 @@ impl Config {
                 "is the file of sink.path: the events and the dead letters would cut each other's lines",
                 "give the dead letter a file of its own",
             ));
+        }
+        out
+    }
+
+    /// A broker store needs a connection: the sink's, or its own.
+    fn store_problems(&self) -> Vec<Problem> {
+        use crate::state::StoreKind;
+        let c = &self.checkpoint;
+        let mut out = Vec::new();
+        match c.store {
+            StoreKind::Kafka if c.kafka.brokers.is_none() && self.sink.kind != SinkType::Kafka => {
+                out.push(Problem::new(
+                    "checkpoint.store",
+                    "is \"kafka\" but the sink is not Kafka and checkpoint.kafka.brokers is not set",
+                    "set checkpoint.kafka.brokers, or use the store of the sink's kind",
+                ))
+            }
+            StoreKind::Nats if c.nats.url.is_none() && self.sink.kind != SinkType::Nats => out.push(Problem::new(
+                "checkpoint.store",
+                "is \"nats\" but the sink is not NATS and checkpoint.nats.url is not set",
+                "set checkpoint.nats.url, or use the store of the sink's kind",
+            )),
+            StoreKind::Nats if c.nats.url.is_none() && self.sink.nats.as_ref().is_some_and(|n| !n.jetstream) => out
+                .push(Problem::new(
+                    "checkpoint.store",
+                    "is \"nats\" on the sink's connection, which has jetstream = false",
+                    "set sink.nats.jetstream = true (the bucket is a JetStream stream), or checkpoint.nats.url",
+                )),
+            _ => {}
         }
         out
     }

@@ -1,6 +1,6 @@
 //! Test kit of the delivery tests: events and jobs made as the pipeline makes them (a
 //! `RawObject` from JSON, `Change` -> `CloudEvent`, `Effect::Watched`), and a queue around the
-//! stub sink with a stream's real `StreamCheckpoint` on a temporary `CheckpointStore`.
+//! stub sink with a stream's real `StreamCheckpoint` on a temporary `FileStore`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,7 +18,8 @@ use crate::observe::metrics::StreamMetrics;
 use crate::sink::Outbound;
 use crate::sink::Sink;
 use crate::sink::stub::StubSink;
-use crate::state::store::{CheckpointStore, StreamKey};
+use crate::state::store::file::FileStore;
+use crate::state::store::{Owner, StreamKey};
 use crate::state::watermark::StreamCheckpoint;
 
 /// The namespace of every test object.
@@ -76,7 +77,7 @@ pub struct Harness {
     pub queue: Arc<Queue>,
     pub stub: StubSink,
     pub checkpoint: Arc<StreamCheckpoint>,
-    pub store: CheckpointStore,
+    pub store: FileStore,
     pub key: StreamKey,
     /// The stream's counters; labelled with the test's own kind, so no other test counts in them.
     pub metrics: Arc<StreamMetrics>,
@@ -90,7 +91,7 @@ impl Harness {
     /// `kind`: a name of the test's own (the metrics' label).
     pub fn new(cfg: &DeliveryConfig, kind: &str) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = CheckpointStore::open(dir.path()).expect("a checkpoint store");
+        let store = FileStore::open(dir.path(), Owner::default()).expect("a checkpoint store");
         let key = StreamKey {
             cluster: "test".into(),
             group: "".into(),
@@ -100,9 +101,8 @@ impl Harness {
             label_selector: "".into(),
             field_selector: "".into(),
         };
-        let (checkpoint, loaded) = StreamCheckpoint::load(store.clone(), key.clone()).expect("a checkpoint");
-        assert!(loaded.is_none(), "a new store");
-        let checkpoint = Arc::new(checkpoint);
+        assert!(store.load(&key).expect("a checkpoint").is_none(), "a new store");
+        let checkpoint = Arc::new(StreamCheckpoint::new(key.clone(), None));
         let metrics = Arc::new(StreamMetrics::new("delivery-test", kind, kind));
         let stub = StubSink::new();
         let retry = RetryPolicy::new(cfg);
@@ -125,6 +125,17 @@ impl Harness {
         let (tx, rx) = mpsc::channel(channel);
         let queue = self.queue.clone();
         (tx, tokio::spawn(async move { queue.run(rx).await }))
+    }
+
+    /// Writes what changed, as the persister does; `false` when nothing had.
+    pub fn persist(&self) -> bool {
+        match self.checkpoint.take(self.store.wants_full(&self.key)) {
+            Some(d) => {
+                self.store.write(&self.key, &d).expect("checkpoint written");
+                true
+            }
+            None => false,
+        }
     }
 
     /// The committed position (what the persister would write).

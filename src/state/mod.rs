@@ -1,8 +1,10 @@
 //! What kubecast remembers per stream, and how it gets there: the watermark turns
-//! acknowledgements into a position (`watermark`), the store keeps positions (`store`), the
-//! persister writes them periodically and at shutdown (`persister`).
+//! acknowledgements into a position and the changes since the last write (`watermark`), the
+//! store keeps positions (`store`: a directory, a Kafka topic or a NATS bucket), the persister
+//! writes them periodically (`persister`), and the lease says which process may (`lease`).
 //!
-//! Invariant: a stored position never passes an item that was not acknowledged.
+//! Invariant: a stored position never passes an item that was not acknowledged, and only the
+//! store's owner writes it.
 
 pub mod lease;
 pub(crate) mod persister;
@@ -15,19 +17,112 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Problem;
 
+/// `[checkpoint] store`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    #[default]
+    File,
+    Kafka,
+    Nats,
+}
+
+impl std::fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoreKind::File => "file",
+            StoreKind::Kafka => "kafka",
+            StoreKind::Nats => "nats",
+        })
+    }
+}
+
+/// `[checkpoint.kafka]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaStoreSettings {
+    #[serde(default = "default_state_name")]
+    pub topic: String,
+    /// Create the topic (compacted, one partition) when it does not exist.
+    #[serde(default = "yes")]
+    pub create_topic: bool,
+    /// Default: the sink's `sink.kafka.brokers` (and its properties).
+    #[serde(default)]
+    pub brokers: Option<String>,
+    /// Connection properties when `brokers` is set (TLS, SASL); `${env:..}`/`${file:..}` allowed.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
+    /// Default: `kubecast-state.<cluster>.<lease namespace>.<lease name>` with `[coordination]`,
+    /// else `kubecast-state.<cluster>.<hash of the streams>`.
+    #[serde(default)]
+    pub transactional_id: Option<String>,
+}
+
+/// `[checkpoint.nats]`
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsStoreSettings {
+    #[serde(default = "default_state_name")]
+    pub bucket: String,
+    /// Create the bucket (history 1, file storage) when it does not exist.
+    #[serde(default = "yes")]
+    pub create_bucket: bool,
+    /// Default: the sink's connection (`sink.nats`).
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+fn default_state_name() -> String {
+    "kubecast-state".into()
+}
+fn yes() -> bool {
+    true
+}
+
+impl Default for KafkaStoreSettings {
+    fn default() -> Self {
+        Self {
+            topic: default_state_name(),
+            create_topic: true,
+            brokers: None,
+            properties: Default::default(),
+            transactional_id: None,
+        }
+    }
+}
+
+impl Default for NatsStoreSettings {
+    fn default() -> Self {
+        Self { bucket: default_state_name(), create_bucket: true, url: None }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointConfig {
+    /// Where positions are kept: `file` (in `dir`), `kafka` or `nats`.
+    #[serde(default)]
+    pub store: StoreKind,
     #[serde(default = "default_checkpoint_dir")]
     pub dir: PathBuf,
     /// How often changed checkpoints are written, in milliseconds (and always at shutdown).
     #[serde(default = "default_flush_interval_ms")]
     pub flush_interval_ms: u64,
+    #[serde(default)]
+    pub kafka: KafkaStoreSettings,
+    #[serde(default)]
+    pub nats: NatsStoreSettings,
 }
 
 impl Default for CheckpointConfig {
     fn default() -> Self {
-        Self { dir: default_checkpoint_dir(), flush_interval_ms: default_flush_interval_ms() }
+        Self {
+            store: StoreKind::File,
+            dir: default_checkpoint_dir(),
+            flush_interval_ms: default_flush_interval_ms(),
+            kafka: KafkaStoreSettings::default(),
+            nats: NatsStoreSettings::default(),
+        }
     }
 }
 
@@ -48,6 +143,19 @@ impl CheckpointConfig {
                 "checkpoint.flush_interval_ms",
                 "must be at least 1",
                 "set e.g. flush_interval_ms = 1000",
+            ));
+        }
+        if self.store == StoreKind::Kafka && self.kafka.topic.trim().is_empty() {
+            out.push(Problem::new("checkpoint.kafka.topic", "must not be empty", "e.g. \"kubecast-state\""));
+        }
+        if self.store == StoreKind::Nats
+            && (self.nats.bucket.is_empty()
+                || !self.nats.bucket.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        {
+            out.push(Problem::new(
+                "checkpoint.nats.bucket",
+                format!("{:?} is not a bucket name (letters, digits, - and _)", self.nats.bucket),
+                "e.g. \"kubecast-state\"",
             ));
         }
         if self.dir.as_os_str().is_empty() {

@@ -1,6 +1,7 @@
-//! The persister: writes each stream's position when it changed, every
-//! `[checkpoint] flush_interval_ms`, off the async workers, and keeps the checkpoint age and
-//! lag metrics fresh. The final write at shutdown is the caller's (`app`).
+//! The persister: writes what changed in the streams' positions every
+//! `[checkpoint] flush_interval_ms` (one store write for all streams), and keeps the checkpoint
+//! age and lag metrics fresh. The final write at shutdown is the caller's (`app`), after this
+//! task ended: writes never overlap.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,39 +9,58 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
+use super::store::{CheckpointError, Store};
 use super::watermark::StreamCheckpoint;
 use crate::observe::metrics::StreamMetrics;
 
-/// Runs until `cancel` fires.
+/// Writes every position that changed since its last write, in one store write. On error
+/// nothing is lost: what it carried is written again next time.
+pub async fn write_changed(store: &Store, checkpoints: &[Arc<StreamCheckpoint>]) -> Result<usize, CheckpointError> {
+    let mut deltas = Vec::new();
+    let mut which = Vec::new();
+    for (i, cp) in checkpoints.iter().enumerate() {
+        if let Some(d) = cp.take(store.wants_full(&cp.key)) {
+            deltas.push((cp.key.clone(), d));
+            which.push(i);
+        }
+    }
+    match store.write(&deltas).await {
+        Ok(()) => Ok(deltas.len()),
+        Err(e) => {
+            for ((_, d), i) in deltas.iter().zip(which) {
+                checkpoints[i].restore(d);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Runs until `cancel` fires; `Err` when the store refuses this process for good (fenced by
+/// a newer owner, another cluster's state).
 pub async fn run(
+    store: Store,
     checkpoints: Vec<Arc<StreamCheckpoint>>,
     metrics: Vec<Arc<StreamMetrics>>,
     every: Duration,
     cancel: CancellationToken,
-) {
+) -> Result<(), CheckpointError> {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // When each checkpoint was last known to be on disk as it is in memory.
-    let mut current_at = vec![std::time::Instant::now(); checkpoints.len()];
+    // When the checkpoints were last known to be stored as they are in memory.
+    let mut current_at = std::time::Instant::now();
     loop {
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => return Ok(()),
             _ = tick.tick() => {}
         }
-        for (i, cp) in checkpoints.iter().enumerate() {
-            if cancel.is_cancelled() {
-                return; // the final writes are the shutdown's
-            }
-            let cp2 = cp.clone();
-            // File I/O off the async workers.
-            match tokio::task::spawn_blocking(move || cp2.persist_if_dirty()).await {
-                Ok(Ok(_)) => current_at[i] = std::time::Instant::now(),
-                Ok(Err(e)) => error!(error = %e, "checkpoint not written; retrying at the next interval"),
-                Err(_) => {}
-            }
-            let m = &metrics[i];
-            let g = crate::observe::metrics::get();
-            g.checkpoint_age.get_or_create(&m.stream).set(current_at[i].elapsed().as_secs_f64());
+        match write_changed(&store, &checkpoints).await {
+            Ok(_) => current_at = std::time::Instant::now(),
+            Err(e) if e.is_fatal() => return Err(e),
+            Err(e) => error!(error = %e, "checkpoints not written; retrying at the next interval"),
+        }
+        let g = crate::observe::metrics::get();
+        for (cp, m) in checkpoints.iter().zip(&metrics) {
+            g.checkpoint_age.get_or_create(&m.stream).set(current_at.elapsed().as_secs_f64());
             let lag = m.read.load(std::sync::atomic::Ordering::Relaxed).saturating_sub(cp.acked_items());
             g.checkpoint_lag.get_or_create(&m.stream).set(i64::try_from(lag).unwrap_or(i64::MAX));
         }

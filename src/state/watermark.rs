@@ -4,15 +4,20 @@
 //! prefix of items that are *all* acknowledged (delivered by the sink, or dropped by a filter,
 //! or needing no delivery such as a bookmark). Acknowledgements may arrive out of order; the
 //! checkpoint never passes an unacknowledged item.
+//!
+//! The watermark also remembers which index entries changed since the last write, so a write
+//! carries those ([`Delta`]) and not the whole index.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::store::{CheckpointError, CheckpointStore, StreamKey};
-use crate::model::{Effect, Position};
+use super::store::{Delta, StreamKey};
+use crate::model::{Effect, IndexOp, Position};
 #[cfg(test)]
-use crate::model::{Index, IndexEntry, IndexOp};
+use crate::model::{Index, IndexEntry};
+
+type Uids = HashSet<String, foldhash::fast::RandomState>;
 
 /// The ordered watermark of one stream.
 #[derive(Debug)]
@@ -22,13 +27,16 @@ pub struct Watermark {
     /// Acknowledged items after a gap.
     ahead: BTreeMap<u64, Effect>,
     committed: Position,
+    /// Index entries changed (added, updated or removed) since the last write.
+    changed: Uids,
+    /// Anything changed since the last write (the position, `ahead` or the index).
     dirty: bool,
 }
 
 impl Watermark {
     /// Starts from a loaded (or empty) checkpoint; the reflector numbers its items from 0.
     pub fn new(start: Position) -> Self {
-        Self { next: 0, ahead: BTreeMap::new(), committed: start, dirty: false }
+        Self { next: 0, ahead: BTreeMap::new(), committed: start, changed: Uids::default(), dirty: false }
     }
 
     pub fn ack(&mut self, seq: u64, effect: Effect) {
@@ -41,13 +49,39 @@ impl Watermark {
             self.dirty = true;
             return;
         }
-        effect.apply(&mut self.committed);
+        self.apply(effect);
         self.next += 1;
         while let Some(e) = self.ahead.remove(&self.next) {
-            e.apply(&mut self.committed);
+            self.apply(e);
             self.next += 1;
         }
         self.dirty = true;
+    }
+
+    fn apply(&mut self, effect: Effect) {
+        match &effect {
+            Effect::Watched { op, .. } | Effect::Diffed(op) => {
+                let uid = match op {
+                    IndexOp::Upsert(uid, _) | IndexOp::Remove(uid) => uid,
+                };
+                self.changed.insert(uid.clone());
+            }
+            Effect::Listed { objects, .. } => {
+                // Only what the list changed (the relist-diff's work, once more, at its end).
+                for (uid, e) in &self.committed.objects {
+                    if objects.get(uid) != Some(e) {
+                        self.changed.insert(uid.clone());
+                    }
+                }
+                for uid in objects.keys() {
+                    if !self.committed.objects.contains_key(uid) {
+                        self.changed.insert(uid.clone());
+                    }
+                }
+            }
+            Effect::Bookmark(_) => {}
+        }
+        effect.apply(&mut self.committed);
     }
 
     pub fn committed(&self) -> &Position {
@@ -58,30 +92,55 @@ impl Watermark {
     pub fn waiting(&self) -> usize {
         self.ahead.len()
     }
+
+    /// What to write, if anything changed since the last write: the changed entries, or the
+    /// whole index when `full`.
+    pub fn take(&mut self, full: bool) -> Option<Delta> {
+        if !self.dirty {
+            return None;
+        }
+        self.dirty = false;
+        let mut d = Delta {
+            full,
+            resource_version: self.committed.resource_version.clone(),
+            acked_ahead: self.ahead.values().filter_map(Effect::change_key).collect(),
+            ..Default::default()
+        };
+        for uid in self.changed.drain() {
+            match self.committed.objects.get(&uid) {
+                Some(e) if !full => d.upserts.push((uid, e.clone())),
+                Some(_) => {}
+                None => d.removes.push(uid),
+            }
+        }
+        if full {
+            d.upserts = self.committed.objects.iter().map(|(u, e)| (u.clone(), e.clone())).collect();
+        }
+        Some(d)
+    }
+
+    /// A write of `d` failed: what it carried is to be written again.
+    pub fn restore(&mut self, d: &Delta) {
+        self.dirty = true;
+        self.changed.extend(d.upserts.iter().map(|(u, _)| u.clone()));
+        self.changed.extend(d.removes.iter().cloned());
+    }
 }
 
-/// A stream's watermark together with where it is persisted.
+/// A stream's watermark.
 #[derive(Debug)]
 pub struct StreamCheckpoint {
     pub key: StreamKey,
-    store: CheckpointStore,
     watermark: Mutex<Watermark>,
-    /// Held while the position is encoded and written.
-    writing: Mutex<()>,
     /// Acknowledged items waiting behind an unacknowledged one, readable without the lock
     /// (the queue stops taking jobs while a stream has too many: backpressure, not growth).
     waiting: AtomicUsize,
 }
 
 impl StreamCheckpoint {
-    /// Loads the stream's checkpoint (`None` inside when it has none yet).
-    pub fn load(store: CheckpointStore, key: StreamKey) -> Result<(Self, Option<Position>), CheckpointError> {
-        let loaded = store.load(&key)?;
-        let wm = Watermark::new(loaded.clone().unwrap_or_default());
-        Ok((
-            Self { key, store, watermark: Mutex::new(wm), writing: Mutex::new(()), waiting: AtomicUsize::new(0) },
-            loaded,
-        ))
+    /// Starts from the stream's loaded position (`None`: none yet).
+    pub fn new(key: StreamKey, loaded: Option<Position>) -> Self {
+        Self { key, watermark: Mutex::new(Watermark::new(loaded.unwrap_or_default())), waiting: AtomicUsize::new(0) }
     }
 
     pub fn ack(&self, seq: u64, effect: Effect) {
@@ -95,26 +154,14 @@ impl StreamCheckpoint {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// Writes the committed checkpoint if it changed since the last write.
-    pub fn persist_if_dirty(&self) -> Result<bool, CheckpointError> {
-        // One write of this stream at a time (the persister's and the final one at shutdown
-        // share a temp file name), in the order they encoded: a later write never loses to an
-        // earlier, older one.
-        let _writing = self.writing.lock().expect("checkpoint write lock");
-        let bytes = {
-            let mut wm = self.watermark.lock().expect("watermark lock");
-            if !wm.dirty {
-                return Ok(false);
-            }
-            wm.dirty = false;
-            let ahead: Vec<(String, String)> = wm.ahead.values().filter_map(Effect::change_key).collect();
-            self.store.encode(&self.key, &wm.committed, &ahead)
-        };
-        if let Err(e) = self.store.write(&self.key, &bytes) {
-            self.watermark.lock().expect("watermark lock").dirty = true;
-            return Err(e);
-        }
-        Ok(true)
+    /// See [`Watermark::take`].
+    pub fn take(&self, full: bool) -> Option<Delta> {
+        self.watermark.lock().expect("watermark lock").take(full)
+    }
+
+    /// See [`Watermark::restore`].
+    pub fn restore(&self, d: &Delta) {
+        self.watermark.lock().expect("watermark lock").restore(d);
     }
 
     pub fn committed(&self) -> Position {
@@ -162,29 +209,49 @@ mod tests {
     }
 
     #[test]
-    fn changes_acknowledged_ahead_are_persisted_and_loaded() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = CheckpointStore::open(dir.path()).unwrap();
-        let key = StreamKey {
-            cluster: "c".into(),
-            group: "".into(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: None,
-            label_selector: "".into(),
-            field_selector: "".into(),
-        };
-        let (cp, _) = StreamCheckpoint::load(store.clone(), key.clone()).unwrap();
+    fn changes_acknowledged_ahead_are_in_the_delta_and_only_changed_entries_are() {
+        let cp = StreamCheckpoint::new(
+            StreamKey {
+                cluster: "c".into(),
+                group: "".into(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: None,
+                label_selector: "".into(),
+                field_selector: "".into(),
+            },
+            None,
+        );
+        assert_eq!(cp.take(false), None, "nothing to write");
         cp.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
         cp.ack(2, Effect::Watched { op: IndexOp::Remove("c".into()), rv: "12".into() });
-        assert!(cp.persist_if_dirty().unwrap(), "acks ahead of a gap are worth a write");
-        let loaded = store.load(&key).unwrap().unwrap();
-        assert_eq!(loaded.resource_version, None);
-        assert_eq!(loaded.acked_ahead, vec![("b".to_string(), "11".to_string()), ("c".to_string(), "12".to_string())]);
+        let d = cp.take(false).expect("acks ahead of a gap are worth a write");
+        assert_eq!(d.resource_version, None);
+        assert!(d.upserts.is_empty() && d.removes.is_empty());
+        assert_eq!(d.acked_ahead, vec![("b".to_string(), "11".to_string()), ("c".to_string(), "12".to_string())]);
         cp.ack(0, Effect::Watched { op: IndexOp::Upsert("a".into(), entry("10")), rv: "10".into() });
-        cp.persist_if_dirty().unwrap();
-        let loaded = store.load(&key).unwrap().unwrap();
-        assert!(loaded.acked_ahead.is_empty(), "all in the prefix now");
-        assert_eq!(loaded.resource_version.as_deref(), Some("12"));
+        let mut d = cp.take(false).unwrap();
+        d.upserts.sort_by(|x, y| x.0.cmp(&y.0));
+        assert!(d.acked_ahead.is_empty(), "all in the prefix now");
+        assert_eq!(d.resource_version.as_deref(), Some("12"));
+        assert_eq!(d.upserts, vec![("a".to_string(), entry("10")), ("b".to_string(), entry("11"))]);
+        assert_eq!(d.removes, vec!["c".to_string()]);
+        // A failed write is written again.
+        cp.restore(&d);
+        let again = cp.take(false).unwrap();
+        assert_eq!(again.upserts.len() + again.removes.len(), 3);
+        // A list that changed one of two entries: a delta of one.
+        let mut objects = Index::default();
+        objects.insert("a".into(), entry("10"));
+        objects.insert("b".into(), entry("20"));
+        cp.ack(3, Effect::Listed { rv: "21".into(), objects });
+        let d = cp.take(false).unwrap();
+        assert_eq!(d.upserts, vec![("b".to_string(), entry("20"))]);
+        assert!(d.removes.is_empty());
+        let d = {
+            cp.ack(4, Effect::Bookmark("30".into()));
+            cp.take(true).unwrap()
+        };
+        assert!(d.full && d.upserts.len() == 2, "a full write carries the whole index");
     }
 }

@@ -98,7 +98,7 @@ async fn out_of_order_acks_never_move_the_checkpoint_past_a_job_in_flight() {
     assert_eq!(h.acked_events(), 4, "b 11, c 12, b 13, c 15");
     assert_eq!(h.checkpoint.acked_items(), 0, "seq 0 is not acknowledged");
     assert_eq!(h.committed(), Default::default(), "the checkpoint has not moved");
-    assert!(h.checkpoint.persist_if_dirty().unwrap());
+    assert!(h.persist());
     let stored = h.store.load(&h.key).unwrap().expect("written");
     assert_eq!(stored.resource_version, None);
     assert!(stored.objects.is_empty());
@@ -118,7 +118,7 @@ async fn out_of_order_acks_never_move_the_checkpoint_past_a_job_in_flight() {
     assert_eq!(committed.objects["a"], entry("a", 14));
     assert_eq!(committed.objects["b"], entry("b", 13));
     assert_eq!(committed.objects["c"], entry("c", 15));
-    assert!(h.checkpoint.persist_if_dirty().unwrap());
+    assert!(h.persist());
     let stored = h.store.load(&h.key).unwrap().expect("written");
     assert!(stored.acked_ahead.is_empty(), "all in the prefix now");
     assert_eq!(stored.resource_version.as_deref(), Some("15"));

@@ -100,6 +100,12 @@ impl KafkaSink {
         })
     }
 
+    /// The connection settings (brokers, properties with secrets resolved): the Kafka state
+    /// store connects with them too.
+    pub fn client_config(&self) -> &ClientConfig {
+        &self.config
+    }
+
     /// Whether the brokers are reachable (set by errors, deliveries and [`KafkaSink::probe`]).
     pub fn connected(&self) -> Arc<AtomicBool> {
         self.connected.clone()

@@ -67,6 +67,11 @@ impl NatsSink {
         Ok(sink)
     }
 
+    /// The connection: the NATS state store uses it too.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     pub fn is_connected(&self) -> bool {
         let up = self.client.connection_state() == async_nats::connection::State::Connected;
         self.connected.store(up, Ordering::Relaxed);

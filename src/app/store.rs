@@ -1,0 +1,129 @@
+//! Opening the configured state store (`[checkpoint] store`) for this process: its owner
+//! (the cluster's identity, the lease epoch, the writer), its connection (the sink's, or the
+//! store's own) and, for Kafka, the `transactional.id` that names the deployment.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Api;
+use rdkafka::ClientConfig;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use crate::config::Config;
+use crate::sink::{Sink, secret};
+use crate::state::StoreKind;
+use crate::state::store::file::FileStore;
+use crate::state::store::kafka::{KafkaStore, KafkaStoreConfig};
+use crate::state::store::nats::{NatsStore, NatsStoreConfig};
+use crate::state::store::{CheckpointError, Owner, Store, StreamKey};
+
+/// The uid of the `kube-system` namespace: what tells two clusters with one `[cluster] name`
+/// apart. `None` (with a warning) when it cannot be read.
+pub async fn cluster_uid(client: &kube::Client) -> Option<String> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    match tokio::time::timeout(Duration::from_secs(10), api.get("kube-system")).await {
+        Ok(Ok(ns)) => ns.metadata.uid,
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot read the kube-system namespace: state from another cluster with the same [cluster] name would not be detected (fix: grant get on namespaces/kube-system)");
+            None
+        }
+        Err(_) => {
+            warn!(
+                "no answer reading the kube-system namespace: the cluster's identity is not checked against the stored state"
+            );
+            None
+        }
+    }
+}
+
+/// The `transactional.id` of the Kafka store: configured, else named after the Lease (one per
+/// deployment with `[coordination]`), else after the cluster and the set of streams.
+pub fn transactional_id(config: &Config, keys: &[StreamKey]) -> String {
+    if let Some(id) = &config.checkpoint.kafka.transactional_id {
+        return id.clone();
+    }
+    let c = &config.coordination;
+    if c.enabled {
+        return format!("kubecast-state.{}.{}.{}", config.cluster.name, c.namespace(), c.lease_name);
+    }
+    let mut ids: Vec<String> = keys.iter().map(StreamKey::id).collect();
+    ids.sort();
+    let hash = Sha256::digest(ids.join(",").as_bytes());
+    let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("kubecast-state.{}.{hex}", config.cluster.name)
+}
+
+/// Opens the store. A broker that cannot be reached is retried (every 2 s, with a warning)
+/// until `cancel` fires; anything else is an error.
+pub async fn open(
+    config: &Config,
+    sink: &Sink,
+    keys: &[StreamKey],
+    owner: Owner,
+    cancel: &CancellationToken,
+) -> Result<Option<Store>, CheckpointError> {
+    let c = &config.checkpoint;
+    loop {
+        let opened = match c.store {
+            StoreKind::File => FileStore::open(&c.dir, owner.clone()).map(Store::File),
+            StoreKind::Kafka => {
+                let client = kafka_client(config, sink)?;
+                let cfg = KafkaStoreConfig {
+                    client,
+                    topic: c.kafka.topic.clone(),
+                    create_topic: c.kafka.create_topic,
+                    transactional_id: transactional_id(config, keys),
+                };
+                KafkaStore::open(cfg, owner.clone()).await.map(|s| Store::Kafka(s.into()))
+            }
+            StoreKind::Nats => {
+                let client = match (&c.nats.url, sink.nats()) {
+                    (None, Some(n)) => n.client().clone(),
+                    (Some(url), _) => async_nats::connect(url.as_str()).await.map_err(|e| CheckpointError::Broker {
+                        what: format!("checkpoint.nats.url {url:?}"),
+                        cause: e.to_string(),
+                    })?,
+                    (None, None) => unreachable!("checked by the config"),
+                };
+                let cfg =
+                    NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
+                NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
+            }
+        };
+        match opened {
+            Ok(store) => return Ok(Some(store)),
+            Err(e @ CheckpointError::Broker { .. }) => {
+                warn!(error = %e, "state store not reachable; retrying in 2 s");
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(None),
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The sink's connection, or `[checkpoint.kafka] brokers` and its properties.
+fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig, CheckpointError> {
+    let k = &config.checkpoint.kafka;
+    match (&k.brokers, sink.kafka()) {
+        (None, Some(s)) => Ok(s.client_config().clone()),
+        (Some(brokers), _) => {
+            let mut cc = ClientConfig::new();
+            cc.set("bootstrap.servers", brokers);
+            for (name, v) in &k.properties {
+                let v = secret::resolve(v).map_err(|e| CheckpointError::Broker {
+                    what: format!("checkpoint.kafka.properties.\"{name}\""),
+                    cause: e.to_string(),
+                })?;
+                cc.set(name, v);
+            }
+            cc.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
+            Ok(cc)
+        }
+        (None, None) => unreachable!("checked by the config"),
+    }
+}

@@ -1,0 +1,323 @@
+//! The file store: per stream, a snapshot file (`<stream id>.json`, written atomically: temp
+//! file, fsync, rename, fsync of the directory) and a journal (`<stream id>.journal`) of the
+//! deltas written since, one JSON line each, fsynced. A write appends one line; once the
+//! journal is larger than the snapshot (and 64 KiB) the next write is a full one: a new
+//! snapshot, then the journal is emptied. So the bytes written stay in proportion to the
+//! changes (at most about twice them).
+//!
+//! Every snapshot and journal line carries a sequence number; loading applies the journal lines
+//! newer than the snapshot (a crash between the snapshot's rename and the journal's truncation
+//! leaves only older lines). A last line without its newline was torn by a crash during the
+//! append: it is cut off (that write was never acknowledged as done). Any other line that
+//! cannot be read is an error naming the file and line.
+//!
+//! The directory is locked (`flock` on [`LOCK_FILE`]) for one process: a second one fails at
+//! start naming the holder.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+
+use super::record::check_cluster;
+use super::{CheckpointError, Delta, Owner, StreamKey};
+use crate::model::{Index, IndexEntry, Position};
+
+/// Version of the snapshot format this build writes (it reads 1 too: no journal then).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// Name of the lock file in the checkpoint directory.
+pub const LOCK_FILE: &str = ".kubecast.lock";
+
+/// Journal size below which no compaction happens, whatever the snapshot's size.
+const MIN_COMPACTION_BYTES: u64 = 64 * 1024;
+
+/// `[uid, namespace, name, resourceVersion]`; namespace `""` for cluster-scoped objects.
+type Row = (String, String, String, String);
+
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    version: u32,
+    stream: StreamKey,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster_uid: Option<String>,
+    /// The last journal sequence number included (version 1: none, 0).
+    #[serde(default)]
+    seq: u64,
+    resource_version: Option<String>,
+    objects: Vec<Row>,
+    /// `[uid, resourceVersion]` of changes acknowledged out of order (see `Position`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    acked_ahead: Vec<(String, String)>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct JournalLine {
+    seq: u64,
+    resource_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    acked_ahead: Vec<(String, String)>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    upserts: Vec<Row>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    removes: Vec<String>,
+}
+
+/// Per stream: what the store knows of its files.
+#[derive(Debug, Default, Clone, Copy)]
+struct Files {
+    snapshot: Option<u64>,
+    /// The journal's length up to its last complete line.
+    journal: u64,
+    next_seq: u64,
+}
+
+/// The directory of checkpoint files, locked for this process while the store (or a clone of
+/// it) lives.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: PathBuf,
+    owner: Owner,
+    files: Arc<Mutex<HashMap<String, Files>>>,
+    /// Holds an exclusive `flock` on [`LOCK_FILE`].
+    _lock: Arc<fs::File>,
+}
+
+fn row(uid: &str, e: &IndexEntry) -> Row {
+    (uid.to_string(), e.namespace.clone().unwrap_or_default(), e.name.clone(), e.resource_version.clone())
+}
+
+fn entry((uid, ns, name, rv): Row) -> (String, IndexEntry) {
+    (uid, IndexEntry { namespace: (!ns.is_empty()).then_some(ns), name, resource_version: rv })
+}
+
+impl FileStore {
+    /// Creates the directory if needed and locks it; fails naming the holder when another
+    /// process has it.
+    pub fn open(dir: &Path, owner: Owner) -> Result<Self, CheckpointError> {
+        let derr = |cause| CheckpointError::Dir { dir: dir.to_path_buf(), cause };
+        fs::create_dir_all(dir).map_err(derr)?;
+        let path = dir.join(LOCK_FILE);
+        let mut lock =
+            fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(derr)?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let holder = fs::read_to_string(&path).unwrap_or_default();
+                let holder =
+                    if holder.trim().is_empty() { "holder unknown".to_string() } else { holder.trim().to_string() };
+                return Err(CheckpointError::Locked { dir: dir.to_path_buf(), holder });
+            }
+            Err(fs::TryLockError::Error(cause)) => return Err(derr(cause)),
+        }
+        // Who holds it, for the other process's message.
+        let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let me =
+            format!("pid {} on host {}, since {}", std::process::id(), host.trim(), chrono::Utc::now().to_rfc3339());
+        lock.set_len(0).and_then(|()| lock.write_all(me.as_bytes())).and_then(|()| lock.flush()).map_err(derr)?;
+        Ok(Self { dir: dir.to_path_buf(), owner, files: Arc::default(), _lock: Arc::new(lock) })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The stream's snapshot file.
+    pub fn path(&self, key: &StreamKey) -> PathBuf {
+        self.dir.join(key.file_name())
+    }
+
+    /// The stream's journal file.
+    pub fn journal_path(&self, key: &StreamKey) -> PathBuf {
+        self.dir.join(format!("{}.journal", key.id()))
+    }
+
+    fn files(&self, key: &StreamKey) -> Files {
+        self.files.lock().expect("files lock").get(&key.id()).copied().unwrap_or_default()
+    }
+
+    fn set_files(&self, key: &StreamKey, f: Files) {
+        self.files.lock().expect("files lock").insert(key.id(), f);
+    }
+
+    /// `Ok(None)` when the stream has no checkpoint yet.
+    pub fn load(&self, key: &StreamKey) -> Result<Option<Position>, CheckpointError> {
+        let path = self.path(key);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if self.journal_path(key).exists() {
+                    return Err(CheckpointError::Corrupt {
+                        path: self.journal_path(key),
+                        cause: format!("a journal without its snapshot {}", path.display()),
+                    });
+                }
+                self.set_files(key, Files::default());
+                return Ok(None);
+            }
+            Err(cause) => return Err(CheckpointError::Read { path, cause }),
+        };
+        let corrupt = |cause: String| CheckpointError::Corrupt { path: path.clone(), cause };
+        // Read the version first, so a future format is reported as such, not as corrupt.
+        #[derive(Deserialize)]
+        struct Versioned {
+            version: u32,
+        }
+        let v: Versioned = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        if v.version != 1 && v.version != FORMAT_VERSION {
+            return Err(CheckpointError::UnknownVersion { path, found: v.version });
+        }
+        let snap: Snapshot = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        if &snap.stream != key {
+            return Err(CheckpointError::OtherStream { path, found: format!("{:?}", snap.stream) });
+        }
+        check_cluster("checkpoint", &path.display().to_string(), snap.cluster_uid.as_deref(), &self.owner)?;
+        let mut position = Position {
+            resource_version: snap.resource_version,
+            objects: snap.objects.into_iter().map(entry).collect::<Index>(),
+            acked_ahead: snap.acked_ahead,
+        };
+        let (journal, last) = self.replay(key, snap.seq, &mut position)?;
+        self.set_files(key, Files { snapshot: Some(bytes.len() as u64), journal, next_seq: last.max(snap.seq) + 1 });
+        Ok(Some(position))
+    }
+
+    /// Applies the journal lines after `seq`; cuts a torn last line off. Returns the journal's
+    /// good length and its last sequence number.
+    fn replay(&self, key: &StreamKey, seq: u64, position: &mut Position) -> Result<(u64, u64), CheckpointError> {
+        let path = self.journal_path(key);
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((0, seq)),
+            Err(cause) => return Err(CheckpointError::Read { path, cause }),
+        };
+        let mut reader = std::io::BufReader::new(file);
+        let (mut good, mut last, mut n) = (0u64, seq, 0usize);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            let read = reader
+                .read_until(b'\n', &mut line)
+                .map_err(|cause| CheckpointError::Read { path: path.clone(), cause })?;
+            if read == 0 {
+                break;
+            }
+            n += 1;
+            if line.last() != Some(&b'\n') {
+                tracing::warn!(journal = %path.display(), line = n, "cutting off a torn last journal line (a crash during its write)");
+                let f = fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|cause| CheckpointError::Write { path: path.clone(), cause })?;
+                f.set_len(good)
+                    .and_then(|()| f.sync_all())
+                    .map_err(|cause| CheckpointError::Write { path: path.clone(), cause })?;
+                break;
+            }
+            let l: JournalLine = serde_json::from_slice(&line)
+                .map_err(|e| CheckpointError::Corrupt { path: path.clone(), cause: format!("line {n}: {e}") })?;
+            good += read as u64;
+            if l.seq <= seq {
+                continue; // already in the snapshot
+            }
+            last = l.seq;
+            for (uid, e) in l.upserts.into_iter().map(entry) {
+                position.objects.insert(uid, e);
+            }
+            for uid in l.removes {
+                position.objects.remove(&uid);
+            }
+            position.resource_version = l.resource_version;
+            position.acked_ahead = l.acked_ahead;
+        }
+        Ok((good, last))
+    }
+
+    /// Whether the next write should be a full snapshot: none yet, or the journal outgrew it.
+    pub fn wants_full(&self, key: &StreamKey) -> bool {
+        let f = self.files(key);
+        match f.snapshot {
+            None => true,
+            Some(s) => f.journal > s.max(MIN_COMPACTION_BYTES),
+        }
+    }
+
+    pub fn write(&self, key: &StreamKey, delta: &Delta) -> Result<(), CheckpointError> {
+        let mut f = self.files(key);
+        let seq = f.next_seq.max(1);
+        if delta.full || f.snapshot.is_none() {
+            let objects = if delta.full {
+                delta.upserts.iter().map(|(u, e)| row(u, e)).collect()
+            } else {
+                // Never happens in practice (the first write is full); keep it correct anyway.
+                return Err(CheckpointError::Write {
+                    path: self.path(key),
+                    cause: std::io::Error::other("the first write of a stream must be a full one"),
+                });
+            };
+            let snap = Snapshot {
+                version: FORMAT_VERSION,
+                stream: key.clone(),
+                cluster_uid: self.owner.cluster_uid.clone(),
+                seq,
+                resource_version: delta.resource_version.clone(),
+                objects,
+                acked_ahead: delta.acked_ahead.clone(),
+            };
+            let bytes = serde_json::to_vec(&snap).expect("snapshot serialises");
+            self.write_snapshot(key, &bytes)?;
+            // The journal's lines are all older than the snapshot now.
+            let jpath = self.journal_path(key);
+            if f.journal > 0 || jpath.exists() {
+                let werr = |cause| CheckpointError::Write { path: jpath.clone(), cause };
+                let j = fs::OpenOptions::new().write(true).create(true).truncate(false).open(&jpath).map_err(werr)?;
+                j.set_len(0).and_then(|()| j.sync_all()).map_err(werr)?;
+            }
+            f = Files { snapshot: Some(bytes.len() as u64), journal: 0, next_seq: seq + 1 };
+        } else {
+            let line = JournalLine {
+                seq,
+                resource_version: delta.resource_version.clone(),
+                acked_ahead: delta.acked_ahead.clone(),
+                upserts: delta.upserts.iter().map(|(u, e)| row(u, e)).collect(),
+                removes: delta.removes.clone(),
+            };
+            let mut bytes = serde_json::to_vec(&line).expect("journal line serialises");
+            bytes.push(b'\n');
+            let jpath = self.journal_path(key);
+            let werr = |cause| CheckpointError::Write { path: jpath.clone(), cause };
+            let mut j = fs::OpenOptions::new().write(true).create(true).truncate(false).open(&jpath).map_err(werr)?;
+            // Whatever a failed append left after the last good line goes first.
+            j.set_len(f.journal).map_err(werr)?;
+            use std::io::Seek;
+            j.seek(std::io::SeekFrom::Start(f.journal)).map_err(werr)?;
+            j.write_all(&bytes).and_then(|()| j.sync_data()).map_err(werr)?;
+            f.journal += bytes.len() as u64;
+            f.next_seq = seq + 1;
+        }
+        self.set_files(key, f);
+        Ok(())
+    }
+
+    /// Temp file, fsync, rename, fsync of the directory.
+    fn write_snapshot(&self, key: &StreamKey, bytes: &[u8]) -> Result<(), CheckpointError> {
+        let path = self.path(key);
+        let tmp = path.with_extension("json.tmp");
+        let werr = |cause| CheckpointError::Write { path: path.clone(), cause };
+        let mut f = fs::File::create(&tmp).map_err(werr)?;
+        f.write_all(bytes).map_err(werr)?;
+        f.sync_all().map_err(werr)?;
+        drop(f);
+        fs::rename(&tmp, &path).map_err(werr)?;
+        if let Ok(d) = fs::File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,340 @@
+//! The NATS store: a JetStream key-value bucket (`[checkpoint.nats] bucket`, history 1)
+//! holding the records of `record.rs`.
+//!
+//! Each write of a stream is one atomic batch (ADR-50, server 2.12; at most 1000 messages, so a
+//! larger delta takes several) whose last message rewrites the stream's position record on
+//! condition that it is still at the revision this process last wrote or read
+//! (`Nats-Expected-Last-Subject-Sequence`): the whole batch is stored or none of it. A process
+//! that opens the store claims every stream by rewriting its position record under its own
+//! epoch; an older process's next batch then fails its condition, and it stops. Batches before
+//! the last of a large delta carry the previous position again, so a crash in between leaves
+//! index records newer than the position: on resume those changes are delivered again, with
+//! their ids, never lost.
+//!
+//! Written by hand: the one crate with atomic batches (jetstream-extra) is built for another
+//! async-nats; the protocol is three headers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer, kv, stream};
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Deserialize;
+use tokio::sync::Mutex;
+use tracing::info;
+
+use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
+use super::{CheckpointError, Delta, Owner, StreamKey};
+use crate::model::Position;
+
+/// At most this many messages per atomic batch (the server's limit is 1000).
+const BATCH: usize = 1000;
+const TIMEOUT: Duration = Duration::from_secs(10);
+/// JetStream's "wrong last sequence" error code.
+const WRONG_LAST_SEQUENCE: u64 = 10071;
+
+/// What the NATS store is opened with.
+#[derive(Clone)]
+pub struct NatsStoreConfig {
+    pub client: async_nats::Client,
+    pub bucket: String,
+    pub create_bucket: bool,
+}
+
+/// A stream's position record as this process last wrote or read it.
+#[derive(Debug, Clone)]
+struct Last {
+    revision: u64,
+    value: Bytes,
+}
+
+pub struct NatsStore {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    bucket: String,
+    owner: Owner,
+    last: Mutex<HashMap<String, Last>>,
+    batches: AtomicU64,
+}
+
+impl std::fmt::Debug for NatsStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NatsStore").field("bucket", &self.bucket).finish()
+    }
+}
+
+fn broker(what: impl Into<String>, cause: impl std::fmt::Display) -> CheckpointError {
+    CheckpointError::Broker { what: what.into(), cause: cause.to_string() }
+}
+
+#[derive(Deserialize)]
+struct ApiError {
+    #[serde(default)]
+    err_code: u64,
+    #[serde(default)]
+    description: String,
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    #[serde(default)]
+    error: Option<ApiError>,
+    #[serde(default)]
+    seq: u64,
+}
+
+impl NatsStore {
+    /// Opens (or creates) the bucket and makes sure its stream takes atomic batches.
+    pub async fn open(cfg: NatsStoreConfig, owner: Owner) -> Result<Self, CheckpointError> {
+        let what = format!("NATS key-value bucket {}", cfg.bucket);
+        let js = jetstream::ContextBuilder::new().timeout(TIMEOUT).build(cfg.client.clone());
+        match js.get_key_value(&cfg.bucket).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket && cfg.create_bucket => {
+                js.create_key_value(kv::Config {
+                    bucket: cfg.bucket.clone(),
+                    description: "kubecast stream positions".into(),
+                    history: 1,
+                    storage: stream::StorageType::File,
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| broker(&what, format!("cannot be created: {e} (fix: create it, or allow kubecast to)")))?;
+                info!(bucket = %cfg.bucket, "NATS state bucket created");
+            }
+            Err(e) if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket => {
+                return Err(broker(
+                    &what,
+                    format!(
+                        "does not exist: {e} (fix: create it with history 1, or set [checkpoint.nats] create_bucket = true)"
+                    ),
+                ));
+            }
+            Err(e) => return Err(broker(&what, e)),
+        }
+        let stream_name = format!("KV_{}", cfg.bucket);
+        let mut s = js.get_stream(&stream_name).await.map_err(|e| broker(&what, e))?;
+        let mut config = s.info().await.map_err(|e| broker(&what, e))?.config.clone();
+        if config.max_messages_per_subject != 1 {
+            return Err(CheckpointError::Unusable {
+                what,
+                why: format!(
+                    "keeps {} revisions per key; kubecast needs history 1 (fix: recreate the bucket with history 1)",
+                    config.max_messages_per_subject
+                ),
+            });
+        }
+        if !config.allow_atomic_publish {
+            config.allow_atomic_publish = true;
+            js.update_stream(&config).await.map_err(|e| {
+                broker(&what, format!("cannot allow atomic batches on stream {stream_name}: {e} (fix: nats stream edit {stream_name} --allow-batch, server 2.12 or later)"))
+            })?;
+        }
+        Ok(Self {
+            client: cfg.client,
+            js,
+            bucket: cfg.bucket,
+            owner,
+            last: Mutex::default(),
+            batches: AtomicU64::new(0),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!("NATS bucket {}", self.bucket)
+    }
+
+    fn subject(&self, key: &str) -> String {
+        format!("$KV.{}.{key}", self.bucket)
+    }
+
+    /// Reads each stream's records, then claims it (its position record rewritten under this
+    /// process's epoch, on condition that nobody wrote it since).
+    pub async fn load(&self, keys: &[StreamKey]) -> Result<Vec<Option<Position>>, CheckpointError> {
+        let mut out = Vec::new();
+        for key in keys {
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                let (position, last) = self.load_one(key).await?;
+                let record = PositionRecord::new(
+                    key,
+                    &self.owner,
+                    position.as_ref().and_then(|p| p.resource_version.as_deref()),
+                    position.as_ref().map(|p| p.acked_ahead.as_slice()).unwrap_or(&[]),
+                );
+                let value = Bytes::from(record.encode());
+                let id = key.id();
+                match self
+                    .batch(vec![(position_key(&id), None, Some(value.clone()))], last.map(|l| l.revision).unwrap_or(0))
+                    .await
+                {
+                    Ok(revision) => {
+                        self.last.lock().await.insert(id, Last { revision, value });
+                        out.push(position);
+                        break;
+                    }
+                    // Written meanwhile by the previous owner (it stops within its renew
+                    // deadline): read again.
+                    Err(CheckpointError::Fenced { .. }) if attempt < 5 => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn load_one(&self, key: &StreamKey) -> Result<(Option<Position>, Option<Last>), CheckpointError> {
+        let what = format!("NATS key-value bucket {}", self.bucket);
+        let id = key.id();
+        let stream = self.js.get_stream(format!("KV_{}", self.bucket)).await.map_err(|e| broker(&what, e))?;
+        let consumer = stream
+            .create_consumer(consumer::pull::Config {
+                filter_subject: format!("{}.>", self.subject(&id)),
+                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                ack_policy: consumer::AckPolicy::None,
+                inactive_threshold: Duration::from_secs(60),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+        let pending = consumer.cached_info().num_pending;
+        let keys = [key.clone()];
+        let mut loader = Loader::new(format!("NATS bucket {}", self.bucket), &keys, &self.owner);
+        let mut last = None;
+        if pending > 0 {
+            let mut messages = consumer
+                .stream()
+                .max_messages_per_batch(BATCH)
+                .messages()
+                .await
+                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+            let prefix = format!("$KV.{}.", self.bucket);
+            for _ in 0..pending {
+                let m = tokio::time::timeout(TIMEOUT, messages.next())
+                    .await
+                    .map_err(|_| broker(&what, "reading it: no record within 10 s"))?
+                    .ok_or_else(|| broker(&what, "reading it: the consumer ended"))?
+                    .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+                let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str()).to_string();
+                let deleted = m
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get("KV-Operation"))
+                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+                loader.apply(&k, (!deleted).then_some(m.payload.as_ref()))?;
+                if k == position_key(&id) {
+                    let revision = m.info().map_err(|e| broker(&what, e))?.stream_sequence;
+                    last = Some(Last { revision, value: m.payload.clone() });
+                }
+            }
+        }
+        let (position, _) = loader.finish()?.remove(0);
+        Ok((position, last))
+    }
+
+    /// Writes each stream's delta as atomic batches.
+    pub async fn write(&self, deltas: &[(StreamKey, Delta)]) -> Result<(), CheckpointError> {
+        for (key, d) in deltas {
+            let id = key.id();
+            let mut ops: Vec<(String, Option<Bytes>)> = Vec::with_capacity(d.upserts.len() + d.removes.len());
+            ops.extend(d.upserts.iter().map(|(uid, e)| (object_key(&id, uid), Some(Bytes::from(encode_object(e))))));
+            ops.extend(d.removes.iter().map(|uid| (object_key(&id, uid), None)));
+            let position = Bytes::from(
+                PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead).encode(),
+            );
+            let chunks: Vec<&[(String, Option<Bytes>)]> =
+                if ops.is_empty() { vec![&[]] } else { ops.chunks(BATCH - 1).collect() };
+            let n = chunks.len();
+            for (i, chunk) in chunks.into_iter().enumerate() {
+                let last = self.last.lock().await.get(&id).cloned().ok_or_else(|| CheckpointError::Fenced {
+                    what: self.describe(),
+                    why: format!("stream {id} was not claimed by this process"),
+                })?;
+                // Before the last chunk: the previous position again (it only moves with the
+                // whole delta).
+                let p = if i + 1 == n { position.clone() } else { last.value.clone() };
+                let mut msgs: Vec<(String, Option<&'static str>, Option<Bytes>)> =
+                    chunk.iter().map(|(k, v)| (k.clone(), v.is_none().then_some("DEL"), v.clone())).collect();
+                msgs.push((position_key(&id), None, Some(p.clone())));
+                let revision = self.batch(msgs, last.revision).await?;
+                self.last.lock().await.insert(id.clone(), Last { revision, value: p });
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes `msgs` (key, KV operation, value) as one atomic batch; the last one is a
+    /// stream's position record, expected at `revision` (0: none yet). Returns its new revision.
+    async fn batch(
+        &self,
+        msgs: Vec<(String, Option<&'static str>, Option<Bytes>)>,
+        revision: u64,
+    ) -> Result<u64, CheckpointError> {
+        let what = self.describe();
+        let id = format!(
+            "kc{}-{}-{}",
+            std::process::id(),
+            self.batches.fetch_add(1, Ordering::Relaxed),
+            chrono::Utc::now().timestamp_micros()
+        );
+        let n = msgs.len();
+        for (i, (key, op, value)) in msgs.into_iter().enumerate() {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Batch-Id", id.as_str());
+            headers.insert("Nats-Batch-Sequence", (i + 1).to_string().as_str());
+            if let Some(op) = op {
+                headers.insert("KV-Operation", op);
+            }
+            let commit = i + 1 == n;
+            if commit {
+                headers.insert("Nats-Batch-Commit", "1");
+                headers.insert("Nats-Expected-Last-Subject-Sequence", revision.to_string().as_str());
+            }
+            let subject = self.subject(&key);
+            let payload = value.unwrap_or_default();
+            if i == 0 || commit {
+                // The first is confirmed (the stream takes batches), the commit answers with
+                // the batch's ack or why it was refused.
+                let reply = tokio::time::timeout(TIMEOUT, self.client.request_with_headers(subject, headers, payload))
+                    .await
+                    .map_err(|_| broker(&what, "atomic batch: no answer within 10 s"))?
+                    .map_err(|e| broker(&what, format!("atomic batch: {e}")))?;
+                if reply.payload.is_empty() {
+                    continue;
+                }
+                let r: Reply = serde_json::from_slice(&reply.payload)
+                    .map_err(|e| broker(&what, format!("atomic batch: unreadable answer ({e})")))?;
+                if let Some(err) = r.error {
+                    if err.err_code == WRONG_LAST_SEQUENCE {
+                        return Err(CheckpointError::Fenced {
+                            what,
+                            why: format!(
+                                "the position record {key:?} was written by another process ({})",
+                                err.description
+                            ),
+                        });
+                    }
+                    return Err(broker(
+                        &what,
+                        format!("atomic batch refused: {} (code {})", err.description, err.err_code),
+                    ));
+                }
+                if commit {
+                    return Ok(r.seq);
+                }
+            } else {
+                self.client
+                    .publish_with_headers(subject, headers, payload)
+                    .await
+                    .map_err(|e| broker(&what, format!("atomic batch: {e}")))?;
+            }
+        }
+        Err(broker(&what, "atomic batch: no commit answer"))
+    }
+}

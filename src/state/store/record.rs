@@ -1,0 +1,319 @@
+//! The state records of the broker stores (Kafka state topic, NATS key-value bucket): one
+//! keyed record per delivered object and one position record per stream, so a write carries
+//! what changed and compaction (Kafka) or history 1 (NATS KV) keeps the latest of each key.
+//!
+//! ```text
+//! key                                  value
+//! <stream id>.p                        {"format":1,"stream":{..},"cluster_uid":..,"epoch":..,
+//!                                       "writer":..,"resource_version":..,"acked_ahead":[..]}
+//! <stream id>.o.<uid>                  ["namespace","name","resourceVersion"]
+//! <stream id>.o.<uid>   (deleted)      Kafka: null value (tombstone); NATS: a delete marker
+//! ```
+//!
+//! The stream id ([`StreamKey::id`]) names the query, so streams of other queries or other
+//! deployments sharing the topic or bucket are skipped. A record that cannot be read is an
+//! error naming its key, never a silent replay.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{CheckpointError, Owner, StreamKey};
+use crate::model::{Index, IndexEntry, Position};
+
+/// Format of the position record this build writes and reads.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// The key of a stream's position record.
+pub fn position_key(stream: &str) -> String {
+    format!("{stream}.p")
+}
+
+/// The key of one object's index record.
+pub fn object_key(stream: &str, uid: &str) -> String {
+    format!("{stream}.o.{uid}")
+}
+
+/// The stored position of a stream (without its index).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PositionRecord {
+    pub format: u32,
+    pub stream: StreamKey,
+    /// The uid of the cluster's `kube-system` namespace, when kubecast could read it.
+    #[serde(default)]
+    pub cluster_uid: Option<String>,
+    /// The lease epoch of the writer (0 without `[coordination]`).
+    pub epoch: i64,
+    pub writer: String,
+    pub resource_version: Option<String>,
+    #[serde(default)]
+    pub acked_ahead: Vec<(String, String)>,
+}
+
+impl PositionRecord {
+    pub fn new(key: &StreamKey, owner: &Owner, rv: Option<&str>, acked_ahead: &[(String, String)]) -> Self {
+        Self {
+            format: RECORD_FORMAT,
+            stream: key.clone(),
+            cluster_uid: owner.cluster_uid.clone(),
+            epoch: owner.epoch,
+            writer: owner.writer.clone(),
+            resource_version: rv.map(str::to_string),
+            acked_ahead: acked_ahead.to_vec(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("position record serialises")
+    }
+}
+
+pub fn encode_object(e: &IndexEntry) -> Vec<u8> {
+    serde_json::to_vec(&(e.namespace.as_deref().unwrap_or(""), &e.name, &e.resource_version))
+        .expect("index record serialises")
+}
+
+/// Folds the records of a store, read in order, into the positions of `keys`.
+pub struct Loader<'a> {
+    /// Where the records come from, for errors (e.g. `Kafka topic kubecast-state`).
+    place: String,
+    owner: &'a Owner,
+    /// stream id -> its slot in `keys`.
+    ids: HashMap<String, usize>,
+    keys: &'a [StreamKey],
+    positions: Vec<Option<PositionRecord>>,
+    indexes: Vec<Index>,
+}
+
+impl<'a> Loader<'a> {
+    pub fn new(place: impl Into<String>, keys: &'a [StreamKey], owner: &'a Owner) -> Self {
+        Self {
+            place: place.into(),
+            owner,
+            ids: keys.iter().enumerate().map(|(i, k)| (k.id(), i)).collect(),
+            keys,
+            positions: vec![None; keys.len()],
+            indexes: vec![Index::default(); keys.len()],
+        }
+    }
+
+    fn corrupt(&self, key: &str, cause: impl std::fmt::Display) -> CheckpointError {
+        CheckpointError::Corrupt { path: format!("{} record {key:?}", self.place).into(), cause: cause.to_string() }
+    }
+
+    /// One record; `value` `None` for a deletion. Keys of other streams are skipped.
+    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), CheckpointError> {
+        let Some((slot, rest)) = split_key(key, &self.ids) else { return Ok(()) };
+        match (rest, value) {
+            (Rest::Position, None) => {
+                // Never written by kubecast: someone removed the position.
+                return Err(self.corrupt(key, "the position record was deleted"));
+            }
+            (Rest::Position, Some(bytes)) => {
+                #[derive(Deserialize)]
+                struct Versioned {
+                    format: u32,
+                }
+                let v: Versioned = serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
+                if v.format != RECORD_FORMAT {
+                    return Err(self.corrupt(
+                        key,
+                        format!("format {} (this kubecast reads format {RECORD_FORMAT}; run the kubecast version that wrote it)", v.format),
+                    ));
+                }
+                let p: PositionRecord = serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
+                if p.stream != self.keys[slot] {
+                    return Err(CheckpointError::OtherStream {
+                        path: format!("{} record {key:?}", self.place).into(),
+                        found: format!("{:?}", p.stream),
+                    });
+                }
+                check_cluster(&self.place, key, p.cluster_uid.as_deref(), self.owner)?;
+                if p.epoch > self.owner.epoch {
+                    return Err(CheckpointError::Fenced {
+                        what: format!("{} record {key:?}", self.place),
+                        why: format!(
+                            "written by {} under lease epoch {}, newer than this process's epoch {}",
+                            p.writer, p.epoch, self.owner.epoch
+                        ),
+                    });
+                }
+                self.positions[slot] = Some(p);
+            }
+            (Rest::Object(uid), None) => {
+                self.indexes[slot].remove(uid);
+            }
+            (Rest::Object(uid), Some(bytes)) => {
+                let (ns, name, rv): (String, String, String) =
+                    serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
+                if name.is_empty() || rv.is_empty() {
+                    return Err(self.corrupt(key, "empty name or resourceVersion"));
+                }
+                let entry = IndexEntry { namespace: (!ns.is_empty()).then_some(ns), name, resource_version: rv };
+                self.indexes[slot].insert(uid.to_string(), entry);
+            }
+            (Rest::Unknown, _) => return Err(self.corrupt(key, "not a kubecast state key")),
+        }
+        Ok(())
+    }
+
+    /// The positions, in the order of `keys` (`None`: no state yet). An index without a
+    /// position record is an error: kubecast writes the position with every index change.
+    pub fn finish(self) -> Result<Vec<(Option<Position>, Option<PositionRecord>)>, CheckpointError> {
+        let mut out = Vec::new();
+        for ((p, objects), key) in self.positions.into_iter().zip(self.indexes).zip(self.keys) {
+            match p {
+                Some(rec) => out.push((
+                    Some(Position {
+                        resource_version: rec.resource_version.clone(),
+                        objects,
+                        acked_ahead: rec.acked_ahead.clone(),
+                    }),
+                    Some(rec),
+                )),
+                None if objects.is_empty() => out.push((None, None)),
+                None => {
+                    return Err(CheckpointError::Corrupt {
+                        path: format!("{} records of {}", self.place, key.id()).into(),
+                        cause: format!("{} index records but no position record", objects.len()),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Refuses state of another cluster that used the same `[cluster] name`.
+pub fn check_cluster(place: &str, what: &str, stored: Option<&str>, owner: &Owner) -> Result<(), CheckpointError> {
+    if let (Some(stored), Some(ours)) = (stored, owner.cluster_uid.as_deref())
+        && stored != ours
+    {
+        return Err(CheckpointError::OtherCluster {
+            what: format!("{place} {what}"),
+            stored: stored.to_string(),
+            ours: ours.to_string(),
+        });
+    }
+    Ok(())
+}
+
+enum Rest<'k> {
+    Position,
+    Object(&'k str),
+    Unknown,
+}
+
+/// `<stream>.p` or `<stream>.o.<uid>`, for one of `ids`. Stream ids contain dots themselves
+/// (a group may even contain `.o.`), so each place the rest could start is tried against the
+/// known ids; keys of unknown streams give `None`.
+fn split_key<'k>(key: &'k str, ids: &HashMap<String, usize>) -> Option<(usize, Rest<'k>)> {
+    for (i, _) in key.match_indices('.') {
+        let Some(&slot) = ids.get(&key[..i]) else { continue };
+        let rest = &key[i + 1..];
+        return Some((
+            slot,
+            match rest.strip_prefix("o.") {
+                _ if rest == "p" => Rest::Position,
+                Some(uid) if !uid.is_empty() && !uid.contains('.') => Rest::Object(uid),
+                _ => Rest::Unknown,
+            },
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(kind: &str) -> StreamKey {
+        StreamKey {
+            cluster: "c".into(),
+            group: "apps".into(),
+            version: "v1".into(),
+            kind: kind.into(),
+            namespace: Some("shop".into()),
+            label_selector: "".into(),
+            field_selector: "".into(),
+        }
+    }
+
+    fn owner(epoch: i64, uid: Option<&str>) -> Owner {
+        Owner { cluster_uid: uid.map(Into::into), epoch, writer: "w".into() }
+    }
+
+    #[test]
+    fn keys_split_back_into_stream_and_uid() {
+        let mut odd = key("Widget");
+        odd.group = "o.example.com".into();
+        let ids: HashMap<String, usize> = [(key("Deployment").id(), 0), (odd.id(), 1)].into_iter().collect();
+        let uid = "6f1c1a9e-2b7d-4c1e-9f00-0123456789ab";
+        for (id, slot) in &ids {
+            assert!(matches!(split_key(&position_key(id), &ids), Some((s, Rest::Position)) if s == *slot));
+            assert!(
+                matches!(split_key(&object_key(id, uid), &ids), Some((s, Rest::Object(u))) if s == *slot && u == uid)
+            );
+        }
+        assert!(split_key(&object_key(&key("StatefulSet").id(), uid), &ids).is_none(), "not ours");
+    }
+
+    #[test]
+    fn foreign_cluster_newer_epoch_and_bad_records_are_errors() {
+        let keys = [key("Deployment")];
+        let k = &keys[0];
+        let mine = owner(3, Some("uid-a"));
+        let p = |o: &Owner| PositionRecord::new(k, o, Some("10"), &[]).encode();
+        let mut l = Loader::new("test", &keys, &mine);
+        let e = l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-b"))))).unwrap_err().to_string();
+        assert!(e.contains("uid-b") && e.contains("uid-a"), "{e}");
+        let e = l.apply(&position_key(&k.id()), Some(&p(&owner(4, Some("uid-a"))))).unwrap_err().to_string();
+        assert!(e.contains("epoch 4"), "{e}");
+        let e = l.apply(&object_key(&k.id(), "u"), Some(b"{")).unwrap_err().to_string();
+        assert!(e.contains(".o.u"), "names the record: {e}");
+        let e = l.apply(&position_key(&k.id()), Some(b"{\"format\":9}")).unwrap_err().to_string();
+        assert!(e.contains("format 9"), "{e}");
+        // Another stream's records are not ours.
+        l.apply(&object_key(&key("StatefulSet").id(), "u"), Some(b"{")).unwrap();
+        let mut l = Loader::new("test", &keys, &mine);
+        l.apply(&object_key(&k.id(), "u"), Some(&encode_object(&entry("1")))).unwrap();
+        assert!(l.finish().unwrap_err().to_string().contains("no position record"));
+    }
+
+    fn entry(rv: &str) -> IndexEntry {
+        IndexEntry { namespace: Some("shop".into()), name: format!("n{rv}"), resource_version: rv.into() }
+    }
+
+    proptest! {
+        /// Any sequence of writes, folded back, gives the last value of each object.
+        #[test]
+        fn folding_the_records_gives_the_last_state(ops in proptest::collection::vec((0u8..20, proptest::option::of(1u32..1000)), 0..200)) {
+            let keys = [key("Deployment")];
+            let k = &keys[0];
+            let me = owner(0, None);
+            let mut model = Index::default();
+            let mut l = Loader::new("test", &keys, &me);
+            for (uid, rv) in &ops {
+                let uid = format!("u{uid}");
+                match rv {
+                    Some(rv) => {
+                        let e = entry(&rv.to_string());
+                        l.apply(&object_key(&k.id(), &uid), Some(&encode_object(&e))).unwrap();
+                        model.insert(uid, e);
+                    }
+                    None => {
+                        l.apply(&object_key(&k.id(), &uid), None).unwrap();
+                        model.remove(&uid);
+                    }
+                }
+            }
+            l.apply(&position_key(&k.id()), Some(&PositionRecord::new(k, &me, Some("7"), &[("a".into(), "8".into())]).encode())).unwrap();
+            let (pos, _) = l.finish().unwrap().remove(0);
+            let pos = pos.unwrap();
+            prop_assert_eq!(pos.objects, model);
+            prop_assert_eq!(pos.resource_version.as_deref(), Some("7"));
+            prop_assert_eq!(pos.acked_ahead, vec![("a".to_string(), "8".to_string())]);
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! State in the broker (`[checkpoint] store = "kafka" | "nats"`), against the real servers: a
+//! replaced pod with no disk resumes from the broker, also after 410 Gone; a corrupt record, a
+//! second cluster with the same `[cluster] name` and a second writer are refused; with
+//! `[coordination]`, a killed leader's standby continues where it ended, and a paused leader
+//! that wakes up never moves the state again.
+
+use kubecast_kit as common;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use common::{Kubecast, TestNamespace, about, cm_config, create_cms, names, verb};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const GRACE: Duration = Duration::from_millis(1500);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Kafka,
+    Nats,
+}
+
+/// A store of its own (topic or bucket named `name`).
+struct Store {
+    kind: Kind,
+    name: String,
+}
+
+impl Store {
+    fn new(kind: Kind, prefix: &str) -> Self {
+        Self { kind, name: common::unique(prefix).replace('.', "-") }
+    }
+
+    /// The `[checkpoint]` lines.
+    fn lines(&self) -> String {
+        match self.kind {
+            Kind::Kafka => format!(
+                "store = \"kafka\"\nflush_interval_ms = 100\n[checkpoint.kafka]\nbrokers = \"{}\"\ntopic = \"{}\"\n",
+                common::env_var("KAFKA_BROKERS"),
+                self.name
+            ),
+            Kind::Nats => format!(
+                "store = \"nats\"\nflush_interval_ms = 100\n[checkpoint.nats]\nurl = \"{}\"\nbucket = \"{}\"\n",
+                common::env_var("NATS_URL"),
+                self.name
+            ),
+        }
+    }
+
+    /// The latest value of every key (`None`: deleted).
+    async fn records(&self) -> HashMap<String, Option<Vec<u8>>> {
+        match self.kind {
+            Kind::Kafka => {
+                let c: BaseConsumer = ClientConfig::new()
+                    .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+                    .set("group.id", common::unique("state-reader"))
+                    .set("isolation.level", "read_committed")
+                    .set("enable.partition.eof", "true")
+                    .set("auto.offset.reset", "earliest")
+                    .create()
+                    .unwrap();
+                c.subscribe(&[&self.name]).unwrap();
+                let mut out = HashMap::new();
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    assert!(Instant::now() < deadline, "state topic {} not read to its end", self.name);
+                    match c.poll(Duration::from_millis(500)) {
+                        Some(Ok(m)) => {
+                            let k = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+                            out.insert(k, m.payload().map(<[u8]>::to_vec));
+                        }
+                        Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
+                        _ => {}
+                    }
+                }
+            }
+            Kind::Nats => {
+                let client = async_nats::connect(common::env_var("NATS_URL")).await.unwrap();
+                let kv = async_nats::jetstream::new(client).get_key_value(&self.name).await.unwrap();
+                let mut out = HashMap::new();
+                let mut keys = kv.keys().await.unwrap();
+                while let Some(k) = keys.next().await {
+                    let k = k.unwrap();
+                    let v = kv.get(&k).await.unwrap().map(|b| b.to_vec());
+                    out.insert(k, v);
+                }
+                out
+            }
+        }
+    }
+
+    /// The position records, parsed.
+    async fn positions(&self) -> Vec<Value> {
+        self.records()
+            .await
+            .into_iter()
+            .filter(|(k, _)| k.ends_with(".p"))
+            .map(|(_, v)| serde_json::from_slice(&v.expect("a position")).unwrap())
+            .collect()
+    }
+
+    async fn put(&self, key: &str, value: &[u8]) {
+        match self.kind {
+            Kind::Kafka => {
+                let p: FutureProducer =
+                    ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
+                p.send(FutureRecord::to(&self.name).key(key).payload(value), Duration::from_secs(10)).await.unwrap();
+            }
+            Kind::Nats => {
+                let client = async_nats::connect(common::env_var("NATS_URL")).await.unwrap();
+                let kv = async_nats::jetstream::new(client).get_key_value(&self.name).await.unwrap();
+                kv.put(key, value.to_vec().into()).await.unwrap();
+            }
+        }
+    }
+
+    /// Waits until the stored resume point is set (the first list was written).
+    async fn wait_position(&self) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let ps = if self.exists().await { self.positions().await } else { vec![] };
+            if let Some(rv) = ps.first().and_then(|p| p["resource_version"].as_str()) {
+                return rv.to_string();
+            }
+            assert!(Instant::now() < deadline, "no position written to {}", self.name);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn exists(&self) -> bool {
+        match self.kind {
+            Kind::Kafka => true,
+            Kind::Nats => {
+                let client = async_nats::connect(common::env_var("NATS_URL")).await.unwrap();
+                async_nats::jetstream::new(client).get_key_value(&self.name).await.is_ok()
+            }
+        }
+    }
+}
+
+/// 100 changes while kubecast is down: 30 updates, 20 deletes, 50 creates. Returns the ids
+/// of the updates and creates, and the uids of the deleted objects.
+async fn hundred_changes(
+    client: &kube::Client,
+    ns: &str,
+    existing: &HashMap<String, (String, String)>,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    let mut expected = BTreeSet::new();
+    for name in names("c", 0..30) {
+        let c = api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
+        expected.insert(format!("{}:{}:modified", c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()));
+    }
+    let mut deleted = BTreeSet::new();
+    for name in names("c", 30..50) {
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+        deleted.insert(existing[&name].0.clone());
+    }
+    for (_, (uid, rv)) in create_cms(client, ns, &names("n", 0..50)).await {
+        expected.insert(format!("{uid}:{rv}:added"));
+    }
+    (expected, deleted)
+}
+
+async fn wait_until_expired(api: &Api<ConfigMap>, rv: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let gone = match api.watch(&WatchParams::default().timeout(1), rv).await {
+            Err(kube::Error::Api(s)) => s.code == 410,
+            Err(e) => panic!("watch: {e}"),
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                matches!(futures::TryStreamExt::try_next(&mut stream).await, Ok(Some(WatchEvent::Error(s))) if s.code == 410)
+            }
+        };
+        if gone {
+            return;
+        }
+        assert!(Instant::now() < deadline, "resourceVersion {rv} never expired");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A pod replaced by one with no disk: the new process resumes from the broker. Its resume
+/// point expired meanwhile (compacting apiserver): the relist-diff against the stored index
+/// delivers exactly the 100 changes, deletes included; a third process then emits nothing.
+async fn replaced_pod_resumes_from_the_broker_after_410(kind: Kind) {
+    let kubeconfig = common::compacting_kubeconfig();
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "state").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let existing = create_cms(&client, &ns.name, &names("c", 0..60)).await;
+    let store = Store::new(kind, "kubecast-state");
+    let config = cm_config(&ns.name, "");
+
+    let mut first = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
+    first.wait_for("snapshot", WAIT, |e| e.len() == 60).await;
+    let rv = store.wait_position().await;
+    assert!(first.stop().success(), "{}", first.log());
+    assert!(first.checkpoint_files().is_empty(), "nothing on the local disk");
+
+    let (expected, deleted) = hundred_changes(&client, &ns.name, &existing).await;
+    wait_until_expired(&api, &rv).await;
+
+    // A new pod: a fresh directory, the same config.
+    let mut second = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
+    second.wait_for("the 100 changes", WAIT, |e| e.len() >= 100).await;
+    tokio::time::sleep(GRACE).await;
+    let after = second.events();
+    assert_eq!(after.len(), 100, "exactly the 100 changes, no snapshot:\n{}", common::pretty(&after));
+    let got: BTreeSet<String> =
+        after.iter().filter(|e| verb(e) != "deleted").map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(got, expected);
+    let got_deleted: BTreeSet<String> = after
+        .iter()
+        .filter(|e| verb(e) == "deleted")
+        .map(|e| e["partitionkey"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(got_deleted, deleted, "the deletes made while down");
+    assert!(second.log().contains("410 Gone"), "{}", second.log());
+    assert!(second.stop().success(), "{}", second.log());
+
+    let mut third = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
+    third.wait_ready(200).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(third.events().is_empty(), "nothing again:\n{}", common::pretty(&third.events()));
+    assert!(third.stop().success(), "{}", third.log());
+}
+
+#[tokio::test]
+async fn kafka_a_replaced_pod_resumes_from_the_state_topic_after_410() {
+    replaced_pod_resumes_from_the_broker_after_410(Kind::Kafka).await;
+}
+
+#[tokio::test]
+async fn nats_a_replaced_pod_resumes_from_the_state_bucket_after_410() {
+    replaced_pod_resumes_from_the_broker_after_410(Kind::Nats).await;
+}
+
+/// A corrupt position record and state of another cluster that used the same `[cluster]
+/// name` are errors naming them (non-zero exit), never a silent replay; a second process on
+/// the same store takes it over and the first stops.
+async fn refusals(kind: Kind) {
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "state-refuse").await;
+    create_cms(&client, &ns.name, &names("c", 0..3)).await;
+    let store = Store::new(kind, "kubecast-state");
+    let config = cm_config(&ns.name, "");
+
+    let mut a = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    a.wait_for("snapshot", WAIT, |e| e.len() == 3).await;
+    store.wait_position().await;
+    // A second writer: it takes the store over; the first stops at its next write.
+    let mut b = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    b.wait_ready(200).await;
+    create_cms(&client, &ns.name, &names("d", 0..1)).await;
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    assert!(!status.success(), "the first writer stops");
+    assert!(a.log().contains("another kubecast process owns the state now"), "{}", a.log());
+    b.wait_for("d00 from the new owner", WAIT, |e| !about(e, &format!("{}/d00", ns.name)).is_empty()).await;
+    assert!(b.stop().success(), "{}", b.log());
+
+    // The same [cluster] name on another cluster (the compacting apiserver), same namespace.
+    let kubeconfig = common::compacting_kubeconfig();
+    let other = common::client_for(&kubeconfig).await;
+    common::create_namespace(&other, &ns.name, &[]).await.unwrap();
+    let mut c = Kubecast::start_with_checkpoint(&config, &store.lines(), &[("KUBECONFIG", kubeconfig.as_str())]);
+    let status = c.wait_exit(WAIT).await;
+    assert!(!status.success());
+    let log = c.log();
+    assert!(log.contains("belongs to another cluster") && log.contains("[cluster] name"), "{log}");
+    assert!(c.events().is_empty(), "nothing published");
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(other).delete(&ns.name, &DeleteParams::default()).await.ok();
+
+    // A corrupt position record.
+    let key = store.records().await.into_keys().find(|k| k.ends_with(".p")).unwrap();
+    store.put(&key, b"{not json").await;
+    let mut d = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    let status = d.wait_exit(WAIT).await;
+    assert!(!status.success());
+    let log = d.log();
+    assert!(log.contains("corrupt") && log.contains(&key), "names the record {key}:\n{log}");
+    assert!(d.events().is_empty(), "no silent replay");
+}
+
+#[tokio::test]
+async fn kafka_corrupt_foreign_and_second_writers_are_refused() {
+    refusals(Kind::Kafka).await;
+}
+
+#[tokio::test]
+async fn nats_corrupt_foreign_and_second_writers_are_refused() {
+    refusals(Kind::Nats).await;
+}
+
+fn lease_config(ns: &str, lease: &str) -> String {
+    cm_config(
+        ns,
+        &format!(
+            "[coordination]\nenabled = true\nlease_name = \"{lease}\"\nlease_namespace = \"{ns}\"\nlease_duration_seconds = 4\nrenew_deadline_seconds = 2\nretry_period_seconds = 1\n"
+        ),
+    )
+}
+
+/// Two processes, one Lease, state in the broker. Under a steady 50 changes/s on 20 objects
+/// the leader is SIGKILLed: the standby continues from the stored state, and a consumer of
+/// both outputs that drops duplicates by id sees every change, deletes included, per object
+/// in apiserver order.
+async fn failover_loses_nothing(kind: Kind) {
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "state-failover").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let store = Store::new(kind, "kubecast-state");
+    let config = lease_config(&ns.name, &common::unique("lease"));
+    let mut a = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    a.wait_log("holding the lease", 1).await;
+    a.wait_ready(200).await;
+    let mut b = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    b.wait_log("standby: another process holds the lease", 1).await;
+
+    // What the apiserver did, in its order: (name, uid, rv, verb).
+    let writer = {
+        let (api, client, ns) = (api.clone(), client.clone(), ns.name.clone());
+        tokio::spawn(async move {
+            let mut done: Vec<(String, String, String, &'static str)> = Vec::new();
+            let mut uids: HashMap<String, String> = HashMap::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            for i in 0..400usize {
+                tick.tick().await;
+                let name = format!("o{:02}", i % 20);
+                let round = i / 20;
+                if round % 4 == 3 {
+                    api.delete(&name, &DeleteParams::default()).await.unwrap();
+                    let uid = uids[&name].clone();
+                    done.push((name, uid, String::new(), "deleted"));
+                } else if round % 4 == 0 {
+                    let c = common::create_cm(&client, &ns, &name, json!({}), json!({"r": round.to_string()})).await;
+                    uids.insert(name.clone(), c.metadata.uid.clone().unwrap());
+                    done.push((name, c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap(), "added"));
+                } else {
+                    let c = api
+                        .patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"r": round.to_string()}})))
+                        .await
+                        .unwrap();
+                    done.push((name, c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap(), "modified"));
+                }
+            }
+            done
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    a.kill9();
+    b.wait_log("holding the lease", 1).await;
+    let done = writer.await.unwrap();
+    let want_ids: Vec<String> = done
+        .iter()
+        .map(|(_, uid, rv, v)| if *v == "deleted" { format!("{uid}:deleted") } else { format!("{uid}:{rv}:{v}") })
+        .collect();
+    let last = want_ids.last().unwrap().clone();
+    b.wait_for("the last change", WAIT, |e| e.iter().any(|e| e["id"] == last.as_str())).await;
+    tokio::time::sleep(GRACE).await;
+
+    // Both outputs, duplicates dropped by id, in the order each process published.
+    let mut seen = std::collections::HashSet::new();
+    let mut got: Vec<Value> = Vec::new();
+    for e in a.events().into_iter().chain(b.events()) {
+        if seen.insert(e["id"].as_str().unwrap().to_string()) {
+            got.push(e);
+        }
+    }
+    for id in &want_ids {
+        assert!(seen.contains(id), "change {id} lost across the failover");
+    }
+    // Per object (uid: a name deleted and created again is another object), in apiserver order.
+    let uids: BTreeSet<&str> = done.iter().map(|(_, uid, ..)| uid.as_str()).collect();
+    for uid in uids {
+        let want: Vec<&str> =
+            done.iter().zip(&want_ids).filter(|((_, u, ..), _)| u == uid).map(|(_, id)| id.as_str()).collect();
+        let order: Vec<&str> = got
+            .iter()
+            .filter(|e| e["partitionkey"] == uid)
+            .map(|e| e["id"].as_str().unwrap())
+            .filter(|id| want.contains(id))
+            .collect();
+        assert_eq!(order, want, "object {uid}: its changes in order");
+    }
+    let dup = a.events().len() + b.events().len() - got.len();
+    println!("failover ({kind:?}): {} changes, {dup} published twice (same ids)", want_ids.len());
+    assert!(b.stop().success(), "{}", b.log());
+}
+
+#[tokio::test]
+async fn kafka_a_killed_leaders_standby_continues_from_the_state_topic() {
+    failover_loses_nothing(Kind::Kafka).await;
+}
+
+#[tokio::test]
+async fn nats_a_killed_leaders_standby_continues_from_the_state_bucket() {
+    failover_loses_nothing(Kind::Nats).await;
+}
+
+/// A leader paused past its lease: the standby takes over (and the store with it); when the
+/// old one wakes up it never moves the state again (every position record is the new
+/// leader's) and stops.
+async fn paused_leader_never_moves_the_state(kind: Kind) {
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "state-pause").await;
+    let store = Store::new(kind, "kubecast-state");
+    let config = lease_config(&ns.name, &common::unique("lease"));
+    let mut a = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    a.wait_log("holding the lease", 1).await;
+    a.wait_ready(200).await;
+    store.wait_position().await;
+    let mut b = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    b.wait_log("standby: another process holds the lease", 1).await;
+
+    a.signal("STOP");
+    b.wait_log("holding the lease", 1).await;
+    create_cms(&client, &ns.name, &names("z", 0..5)).await;
+    b.wait_for("z from the new leader", WAIT, |e| e.len() >= 5).await;
+    a.signal("CONT");
+    let status = a.wait_exit(Duration::from_secs(10)).await;
+    assert!(!status.success(), "{}", a.log());
+    // Whatever the old one tried after waking up, the stored state is the new leader's.
+    create_cms(&client, &ns.name, &names("y", 0..1)).await;
+    b.wait_for("y from the new leader", WAIT, |e| e.len() >= 6).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let positions = store.positions().await;
+    assert_eq!(positions.len(), 1);
+    assert_eq!(positions[0]["epoch"], 1, "written under the new lease epoch: {positions:?}");
+    let log = b.log();
+    assert!(log.contains(positions[0]["writer"].as_str().unwrap()), "the new leader wrote it:\n{positions:?}");
+    assert!(b.stop().success(), "{}", b.log());
+}
+
+#[tokio::test]
+async fn kafka_a_paused_leader_never_moves_the_state_again() {
+    paused_leader_never_moves_the_state(Kind::Kafka).await;
+}
+
+#[tokio::test]
+async fn nats_a_paused_leader_never_moves_the_state_again() {
+    paused_leader_never_moves_the_state(Kind::Nats).await;
+}
