@@ -171,7 +171,11 @@ type Rules = BTreeSet<(String, String, String)>;
 
 fn rbac(objs: &[Value]) -> BTreeMap<(String, String), Rules> {
     let mut m = BTreeMap::new();
-    for o in objs.iter().filter(|o| o["kind"] == "Role" || o["kind"] == "ClusterRole") {
+    // The identity role (get on namespaces/kube-system) is checked on its own.
+    for o in objs.iter().filter(|o| {
+        (o["kind"] == "Role" || o["kind"] == "ClusterRole")
+            && !o["metadata"]["name"].as_str().unwrap_or("").ends_with("-identity")
+    }) {
         let mut rules = BTreeSet::new();
         for r in o["rules"].as_array().unwrap() {
             let groups = r["apiGroups"].as_array().unwrap();
@@ -187,6 +191,24 @@ fn rbac(objs: &[Value]) -> BTreeMap<(String, String), Rules> {
         m.insert((o["kind"].as_str().unwrap().to_string(), ns), rules);
     }
     m
+}
+
+/// The cluster's identity: get on namespaces/kube-system, nothing else, bound to the chart's
+/// ServiceAccount.
+fn assert_identity_role(objs: &[Value]) {
+    let role = objs
+        .iter()
+        .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == "kc-k-kubecast-identity")
+        .expect("the identity ClusterRole");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["namespaces"], "resourceNames": ["kube-system"], "verbs": ["get"]}])
+    );
+    let binding = objs
+        .iter()
+        .find(|o| o["kind"] == "ClusterRoleBinding" && o["metadata"]["name"] == "kc-k-kubecast-identity")
+        .expect("its binding");
+    assert_eq!(binding["roleRef"]["name"], "kc-k-kubecast-identity");
 }
 
 fn read_only(rules: &[(&str, &str)]) -> Rules {
@@ -304,14 +326,17 @@ fn minimal_values_render_one_restricted_replica_and_a_read_only_cluster_role() {
     assert_eq!(
         kinds(&objs),
         kind_counts(&[
-            ("ClusterRole", 1),
-            ("ClusterRoleBinding", 1),
+            ("ClusterRole", 2),
+            ("ClusterRoleBinding", 2),
             ("ConfigMap", 1),
             ("Deployment", 1),
             ("Service", 1),
             ("ServiceAccount", 1)
         ])
     );
+    assert_identity_role(&objs);
+    // A stdout sink: the positions go to the checkpoint volume.
+    assert_has_lines(&config_toml(&objs), &["store = \"file\""]);
     assert_eq!(
         rbac(&objs),
         BTreeMap::from([(("ClusterRole".into(), "".into()), read_only(&[("apps", "deployments")]))])
@@ -367,7 +392,9 @@ fn kafka_sasl_values_read_the_password_from_the_secret_and_render_namespaced_rol
             (("Role".into(), "shop".into()), read_only(&[("apps", "deployments"), ("", "services")])),
         ])
     );
-    assert_eq!(kinds(&objs).get("ClusterRole"), None);
+    assert_eq!(kinds(&objs).get("ClusterRole"), Some(&1), "only the identity role is cluster-wide");
+    assert_identity_role(&objs);
+    assert_has_lines(&config_toml(&objs), &["store = \"kafka\""]);
     assert_eq!(kinds(&objs)["RoleBinding"], 2);
     // Named after the release's namespace too: another release "k" elsewhere does not clash.
     for o in objs.iter().filter(|o| o["kind"] == "Role" || o["kind"] == "RoleBinding") {
@@ -402,6 +429,7 @@ fn kafka_sasl_values_read_the_password_from_the_secret_and_render_namespaced_rol
 #[test]
 fn nats_values_mount_the_creds_file_and_grant_core_and_crd_resources_cluster_wide() {
     let objs = render("nats-creds", &[]);
+    assert_has_lines(&config_toml(&objs), &["store = \"nats\""]);
     assert_eq!(
         rbac(&objs),
         BTreeMap::from([(
@@ -437,9 +465,17 @@ fn sidecar_values_render_the_container_in_a_pod_template_and_bind_the_other_pods
     let objs = render("sidecar", &[]);
     assert_eq!(
         kinds(&objs),
-        kind_counts(&[("ConfigMap", 1), ("PodTemplate", 1), ("Role", 1), ("RoleBinding", 1)]),
-        "no Deployment, Service or ServiceAccount in sidecar mode with an existing account"
+        kind_counts(&[
+            ("ClusterRole", 1),
+            ("ClusterRoleBinding", 1),
+            ("ConfigMap", 1),
+            ("PodTemplate", 1),
+            ("Role", 1),
+            ("RoleBinding", 1)
+        ]),
+        "no Deployment, Service or ServiceAccount in sidecar mode with an existing account (the cluster role: the identity)"
     );
+    assert_identity_role(&objs);
     assert_eq!(rbac(&objs), BTreeMap::from([(("Role".into(), "shop".into()), read_only(&[("", "configmaps")]))]));
     assert_eq!(binding_subjects(&objs), BTreeSet::from(["kc/shop-app".to_string()]));
     let tpl = one(&objs, "PodTemplate");
@@ -639,6 +675,10 @@ fn ha_values_render_two_replicas_a_lease_and_its_role() {
         &config_toml(&objs),
         &["[coordination]", "enabled = true", "lease_name = \"k-kubecast\"", "lease_namespace = \"kc\""],
     );
+    // The positions live in the Kafka sink's cluster: no volume needed.
+    assert_has_lines(&config_toml(&objs), &["store = \"kafka\""]);
+    assert!(!objs.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
+    assert_eq!(one(&objs, "PodDisruptionBudget")["spec"]["minAvailable"], 1);
     let c = kubecast_container(pod_spec(&objs));
     assert_eq!(env_of(c, "POD_NAME").unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
     assert_eq!(env_of(c, "POD_NAMESPACE").unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
@@ -908,6 +948,10 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     assert_eq!(can(&["get", &lease]), "yes");
     assert_eq!(can(&["update", &lease]), "yes");
     assert_eq!(can(&["create", "leases.coordination.k8s.io"]), "yes");
+    // The cluster's identity, and no other namespace.
+    assert_eq!(can(&["get", "namespaces/kube-system"]), "yes");
+    assert_eq!(can(&["get", "namespaces/default"]), "no");
+    assert_eq!(can(&["list", "namespaces"]), "no");
     for (what, args) in [
         ("another lease", vec!["update", "leases.coordination.k8s.io/other"]),
         ("deleting its lease", vec!["delete", lease.as_str()]),
@@ -931,6 +975,7 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     // Renewed with that identity: still held a few retry periods later.
     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     assert!(!kc.log().contains("lost the lease"), "{}", kc.log());
+    assert!(!kc.log().contains("cannot read the kube-system namespace"), "the identity is readable:\n{}", kc.log());
     assert!(kc.stop().success(), "{}", kc.log());
     ok(helm(&["uninstall", &release, "-n", &home.name]), "helm uninstall");
 }

@@ -455,6 +455,63 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
     assert!(kc.stop().success(), "{}", kc.log());
 }
 
+/// The state in Kafka too (`[checkpoint] store = "kafka"`): while the broker is down nothing
+/// is acknowledged and kubecast keeps running (its store is not fenced by the outage), the
+/// changes made meanwhile all arrive once it is back, and the state topic catches up: a fresh
+/// process with no disk then resumes without sending anything again.
+#[tokio::test]
+async fn a_broker_outage_with_the_state_in_kafka_loses_nothing() {
+    let _exclusive = BROKER.write().unwrap_or_else(|e| e.into_inner());
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "kafka-state-outage").await;
+    let cluster = cluster_name();
+    let topic = format!("state-outage.{cluster}");
+    let state = format!("state-outage-state.{cluster}");
+    let checkpoint = format!("store = \"kafka\"\nflush_interval_ms = 100\n[checkpoint.kafka]\ntopic = \"{state}\"\n");
+    let config = kafka_config(&cluster, &ns.name, "");
+    create_cm(&client, &ns.name, "before", json!({}), json!({"v": "0"})).await;
+    let mut kc = start_kafka(&config, &sink_toml(&topic, ""), &checkpoint).await;
+    consume_until(&topic, "the snapshot", |r| !r.is_empty()).await;
+
+    env_script(&["down", "kafka"]);
+    let broker_back = BrokerBack;
+    futures::stream::iter(0..20)
+        .for_each_concurrent(8, |i| {
+            let client = client.clone();
+            let ns = ns.name.clone();
+            async move {
+                create_cm(&client, &ns, &format!("c{i:02}"), json!({}), json!({"v": "0"})).await;
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(kc.exited().is_none(), "a failing state write is retried, not fatal:\n{}", kc.log());
+    drop(broker_back);
+    let consumed = consume_until(&topic, "21 objects", |r| {
+        r.iter().filter_map(|r| r.key.clone()).collect::<HashSet<_>>().len() >= 21
+    });
+    let records = tokio::select! {
+        records = consumed => records,
+        status = kc.wait_exit(WAIT) => panic!("kubecast exited ({status}) after the outage:\n{}", kc.log()),
+    };
+    assert!(records.len() >= 21);
+    // The state topic catches up: a new process with no disk sends nothing again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+    let fresh_start = chrono::Utc::now().timestamp_millis();
+    let mut fresh = Kubecast::start_with_sink(&config, &sink_toml(&topic, ""), &checkpoint, &[]);
+    fresh.wait_ready(200).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let records = consume_until(&topic, "21 objects", |r| {
+        r.iter().filter_map(|r| r.key.clone()).collect::<HashSet<_>>().len() >= 21
+    })
+    .await;
+    let again: Vec<_> = records.iter().filter(|r| r.timestamp_ms >= fresh_start).collect();
+    assert!(again.is_empty(), "sent again after resuming from the state topic: {again:?}\n{}", fresh.log());
+    assert!(!fresh.log().contains("list complete"), "resumed, no snapshot:\n{}", fresh.log());
+    assert!(fresh.stop().success(), "{}", fresh.log());
+}
+
 /// Starts the broker again when dropped, also when the test fails half-way.
 struct BrokerBack;
 

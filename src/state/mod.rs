@@ -7,7 +7,7 @@
 //! store's owner writes it.
 
 pub mod lease;
-pub(crate) mod persister;
+pub mod persister;
 pub mod store;
 pub mod watermark;
 

@@ -175,7 +175,9 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- include "kubecast.checkSecrets" (list .Values.config.sink "config") }}
 {{- $cfg := dict }}
 {{- $_ := set $cfg "cluster" (deepCopy .Values.config.cluster) }}
-{{- $_ := set $cfg "checkpoint" (merge (dict "dir" (include "kubecast.checkpointDir" .)) (deepCopy .Values.config.checkpoint)) }}
+{{- $checkpoint := merge (dict "dir" (include "kubecast.checkpointDir" .)) (deepCopy .Values.config.checkpoint) }}
+{{- $_ := set $checkpoint "store" (include "kubecast.store" .) }}
+{{- $_ := set $cfg "checkpoint" $checkpoint }}
 {{- $_ := set $cfg "sink" (deepCopy .Values.config.sink) }}
 {{- if .Values.config.delivery }}
 {{- $_ := set $cfg "delivery" (deepCopy .Values.config.delivery) }}
@@ -350,5 +352,22 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
 {{- end }}
 {{- with .Values.extraVolumes }}
 {{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The state store: config.checkpoint.store, "auto" = the sink's broker (Kafka; NATS with
+JetStream), else the file store.
+*/}}
+{{- define "kubecast.store" -}}
+{{- $store := .Values.config.checkpoint.store | default "auto" }}
+{{- if eq $store "auto" }}
+{{- $sink := .Values.config.sink | default dict }}
+{{- $nats := $sink.nats | default dict }}
+{{- if eq ($sink.type | default "stdout") "kafka" }}kafka
+{{- else if and (eq ($sink.type | default "stdout") "nats") (ne (toString $nats.jetstream) "false") }}nats
+{{- else }}file
+{{- end }}
+{{- else }}{{ $store }}
 {{- end }}
 {{- end }}

@@ -22,8 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::error::CheckpointError;
 use super::record::check_cluster;
-use super::{CheckpointError, Delta, Owner, StreamKey};
+use super::stream::{Delta, Owner, StreamKey};
 use crate::model::{Index, IndexEntry, Position};
 
 /// Version of the snapshot format this build writes (it reads 1 too: no journal then).
@@ -82,6 +83,7 @@ pub struct FileStore {
     dir: PathBuf,
     owner: Owner,
     files: Arc<Mutex<HashMap<String, Files>>>,
+    written: Arc<std::sync::atomic::AtomicU64>,
     /// Holds an exclusive `flock` on [`LOCK_FILE`].
     _lock: Arc<fs::File>,
 }
@@ -118,7 +120,18 @@ impl FileStore {
         let me =
             format!("pid {} on host {}, since {}", std::process::id(), host.trim(), chrono::Utc::now().to_rfc3339());
         lock.set_len(0).and_then(|()| lock.write_all(me.as_bytes())).and_then(|()| lock.flush()).map_err(derr)?;
-        Ok(Self { dir: dir.to_path_buf(), owner, files: Arc::default(), _lock: Arc::new(lock) })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            owner,
+            files: Arc::default(),
+            written: Arc::default(),
+            _lock: Arc::new(lock),
+        })
+    }
+
+    /// Bytes written to snapshots and journals so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub fn dir(&self) -> &Path {
@@ -269,6 +282,7 @@ impl FileStore {
             };
             let bytes = serde_json::to_vec(&snap).expect("snapshot serialises");
             self.write_snapshot(key, &bytes)?;
+            self.written.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             // The journal's lines are all older than the snapshot now.
             let jpath = self.journal_path(key);
             if f.journal > 0 || jpath.exists() {
@@ -296,6 +310,7 @@ impl FileStore {
             j.seek(std::io::SeekFrom::Start(f.journal)).map_err(werr)?;
             j.write_all(&bytes).and_then(|()| j.sync_data()).map_err(werr)?;
             f.journal += bytes.len() as u64;
+            self.written.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
             f.next_seq = seq + 1;
         }
         self.set_files(key, f);

@@ -24,8 +24,9 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{info, warn};
 
+use super::error::CheckpointError;
 use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
-use super::{CheckpointError, Delta, Owner, StreamKey};
+use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
 
 /// How long one transactional call, the topic check or the load may take.
@@ -48,6 +49,10 @@ pub struct KafkaStore {
     transactional_id: String,
     producer: Arc<ThreadedProducer<DefaultProducerContext>>,
     owner: Owner,
+    written: std::sync::atomic::AtomicU64,
+    /// A failed transaction whose abort did not complete (broker unreachable): aborted first
+    /// at the next write.
+    abort_pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for KafkaStore {
@@ -98,11 +103,24 @@ impl KafkaStore {
             .await
             .expect("init_transactions task")?;
         info!(topic = %cfg.topic, transactional_id = %cfg.transactional_id, "Kafka state store: transactional producer initialised (an earlier holder is fenced)");
-        Ok(Self { topic: cfg.topic, client: cfg.client, transactional_id: cfg.transactional_id, producer, owner })
+        Ok(Self {
+            topic: cfg.topic,
+            client: cfg.client,
+            transactional_id: cfg.transactional_id,
+            producer,
+            owner,
+            written: Default::default(),
+            abort_pending: Default::default(),
+        })
     }
 
     pub fn describe(&self) -> String {
         format!("Kafka topic {}", self.topic)
+    }
+
+    /// Bytes of keys and values committed so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Reads the topic to its end (committed records only) and folds it.
@@ -125,11 +143,14 @@ impl KafkaStore {
             let p = PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead);
             records.push((position_key(&id), Some(p.encode())));
         }
-        let (producer, topic) = (self.producer.clone(), self.topic.clone());
+        let bytes: usize = records.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum();
+        let (producer, topic, pending) = (self.producer.clone(), self.topic.clone(), self.abort_pending.clone());
         let what = format!("Kafka state topic {}", self.topic);
-        tokio::task::spawn_blocking(move || transact(&producer, &topic, &records, &what))
+        tokio::task::spawn_blocking(move || transact(&producer, &topic, &records, &what, &pending))
             .await
-            .expect("state write task")
+            .expect("state write task")?;
+        self.written.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -138,7 +159,13 @@ fn transact(
     topic: &str,
     records: &[(String, Option<Vec<u8>>)],
     what: &str,
+    abort_pending: &std::sync::atomic::AtomicBool,
 ) -> Result<(), CheckpointError> {
+    use std::sync::atomic::Ordering::SeqCst;
+    if abort_pending.load(SeqCst) {
+        producer.abort_transaction(TIMEOUT).map_err(|e| classify(what, &e))?;
+        abort_pending.store(false, SeqCst);
+    }
     producer.begin_transaction().map_err(|e| classify(what, &e))?;
     let sent = (|| {
         for (key, value) in records {
@@ -169,8 +196,12 @@ fn transact(
             if !err.is_fatal() {
                 // Nothing of it counts; the deltas are written again at the next flush.
                 if let Err(abort) = producer.abort_transaction(TIMEOUT) {
-                    warn!(error = %abort, "state transaction not aborted");
-                    return Err(classify(what, &abort));
+                    warn!(error = %abort, "state transaction not aborted yet; aborted before the next write");
+                    let abort = classify(what, &abort);
+                    if !abort.is_fatal() {
+                        abort_pending.store(true, SeqCst);
+                    }
+                    return Err(abort);
                 }
             }
             Err(err)

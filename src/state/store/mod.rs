@@ -17,125 +17,19 @@
 //! Invariant: only the owner of the store writes it (the file lock, the Kafka producer epoch,
 //! the NATS revision); an [`CheckpointError::Fenced`] write stops the process.
 
+mod error;
 pub mod file;
 pub mod kafka;
 pub mod nats;
 pub mod record;
+mod stream;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
+pub use error::CheckpointError;
+pub use stream::{Delta, Owner, StreamKey};
 
-use crate::model::{IndexEntry, Position};
-
-/// The identity of a stream: exactly the query it runs.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamKey {
-    pub cluster: String,
-    pub group: String,
-    pub version: String,
-    pub kind: String,
-    /// `None`: cluster-wide.
-    pub namespace: Option<String>,
-    pub label_selector: String,
-    pub field_selector: String,
-}
-
-impl StreamKey {
-    /// `configmap.core.v1.ns-shop.3f2a9c1b7d4e5f60`-style id: readable prefix, hash of the
-    /// whole query (cluster name and selectors included).
-    pub fn id(&self) -> String {
-        let json = serde_json::to_vec(self).expect("StreamKey serialises");
-        let hash = Sha256::digest(&json);
-        let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
-        let group = if self.group.is_empty() { "core" } else { &self.group };
-        let scope = match &self.namespace {
-            Some(ns) => format!("ns-{ns}"),
-            None => "all".to_string(),
-        };
-        format!("{}.{group}.{}.{scope}.{hex}", self.kind.to_lowercase(), self.version)
-    }
-
-    /// The file store's snapshot file name.
-    pub fn file_name(&self) -> String {
-        format!("{}.json", self.id())
-    }
-}
-
-/// Who writes the store: stamped on every position record.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Owner {
-    /// The uid of the cluster's `kube-system` namespace (`None` when it cannot be read).
-    pub cluster_uid: Option<String>,
-    /// The lease epoch (`leaseTransitions`) this process holds; 0 without `[coordination]`.
-    pub epoch: i64,
-    /// This process (the lease identity, or host and pid).
-    pub writer: String,
-}
-
-/// What changed in a stream's position since its last write.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Delta {
-    /// Index entries added or changed.
-    pub upserts: Vec<(String, IndexEntry)>,
-    /// Index entries removed.
-    pub removes: Vec<String>,
-    /// `upserts` is the whole index (the file store's compaction; `removes` then only says
-    /// what to mark changed again if the write fails).
-    pub full: bool,
-    /// The position after the change (always written: it is small).
-    pub resource_version: Option<String>,
-    pub acked_ahead: Vec<(String, String)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    #[error(
-        "checkpoint directory {dir} cannot be created or used: {cause} (fix: make [checkpoint] dir point to a writable directory)"
-    )]
-    Dir { dir: PathBuf, cause: std::io::Error },
-    #[error("checkpoint {path} cannot be read: {cause}")]
-    Read { path: PathBuf, cause: std::io::Error },
-    #[error(
-        "checkpoint {path} is corrupt ({cause}); kubecast will not guess where to resume (fix: restore it, or delete the stream's state to start the stream over: it then emits its initial list again, per `initial`)"
-    )]
-    Corrupt { path: PathBuf, cause: String },
-    #[error(
-        "checkpoint {path} has format version {found}, this kubecast reads versions 1 and {} (fix: run the kubecast version that wrote it, or delete the file to start the stream over)",
-        file::FORMAT_VERSION
-    )]
-    UnknownVersion { path: PathBuf, found: u32 },
-    #[error("checkpoint {path} belongs to another query ({found}); refusing to reuse it (fix: delete it)")]
-    OtherStream { path: PathBuf, found: String },
-    #[error("checkpoint {path} cannot be written: {cause}")]
-    Write { path: PathBuf, cause: std::io::Error },
-    #[error(
-        "checkpoint directory {dir} is in use by another kubecast process ({holder}); two processes on one directory would publish every change twice and overwrite each other's checkpoints (fix: stop the other process, or give this one its own [checkpoint] dir)"
-    )]
-    Locked { dir: PathBuf, holder: String },
-    #[error(
-        "{what} belongs to another cluster (kube-system namespace uid {stored}, this cluster's is {ours}): two clusters share one [cluster] name and one state store (fix: give each cluster its own [cluster] name)"
-    )]
-    OtherCluster { what: String, stored: String, ours: String },
-    #[error(
-        "{what}: another kubecast process owns the state now ({why}); this one stops writing and publishing (fix: none needed if that process is the new leader; else give each deployment its own [cluster] name or state topic/bucket)"
-    )]
-    Fenced { what: String, why: String },
-    #[error("{what}: {cause}")]
-    Broker { what: String, cause: String },
-    /// The store is set up in a way kubecast cannot keep state in (not retried).
-    #[error("{what}: {why}")]
-    Unusable { what: String, why: String },
-}
-
-impl CheckpointError {
-    /// Whether retrying the write can help (else the process stops).
-    pub fn is_fatal(&self) -> bool {
-        matches!(self, Self::Fenced { .. } | Self::OtherCluster { .. } | Self::Locked { .. })
-    }
-}
+use crate::model::Position;
 
 /// The configured store, opened for one owner.
 #[derive(Debug, Clone)]
@@ -184,6 +78,16 @@ impl Store {
         match self {
             Store::File(f) => f.wants_full(key),
             _ => false,
+        }
+    }
+
+    /// Bytes of state this store wrote so far (keys and values; file: bytes appended or
+    /// renamed into place): what `write` costs, for the benchmarks.
+    pub fn bytes_written(&self) -> u64 {
+        match self {
+            Store::File(f) => f.bytes_written(),
+            Store::Kafka(k) => k.bytes_written(),
+            Store::Nats(n) => n.bytes_written(),
         }
     }
 

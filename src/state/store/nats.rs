@@ -26,8 +26,9 @@ use serde::Deserialize;
 use tokio::sync::Mutex;
 use tracing::info;
 
+use super::error::CheckpointError;
 use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
-use super::{CheckpointError, Delta, Owner, StreamKey};
+use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
 
 /// At most this many messages per atomic batch (the server's limit is 1000).
@@ -58,6 +59,7 @@ pub struct NatsStore {
     owner: Owner,
     last: Mutex<HashMap<String, Last>>,
     batches: AtomicU64,
+    written: AtomicU64,
 }
 
 impl std::fmt::Debug for NatsStore {
@@ -140,11 +142,17 @@ impl NatsStore {
             owner,
             last: Mutex::default(),
             batches: AtomicU64::new(0),
+            written: AtomicU64::new(0),
         })
     }
 
     pub fn describe(&self) -> String {
         format!("NATS bucket {}", self.bucket)
+    }
+
+    /// Bytes of keys and values stored so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
     }
 
     fn subject(&self, key: &str) -> String {
@@ -284,6 +292,7 @@ impl NatsStore {
             chrono::Utc::now().timestamp_micros()
         );
         let n = msgs.len();
+        let bytes: usize = msgs.iter().map(|(k, _, v)| k.len() + v.as_ref().map_or(0, Bytes::len)).sum();
         for (i, (key, op, value)) in msgs.into_iter().enumerate() {
             let mut headers = HeaderMap::new();
             headers.insert("Nats-Batch-Id", id.as_str());
@@ -326,6 +335,7 @@ impl NatsStore {
                     ));
                 }
                 if commit {
+                    self.written.fetch_add(bytes as u64, Ordering::Relaxed);
                     return Ok(r.seq);
                 }
             } else {

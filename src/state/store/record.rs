@@ -18,7 +18,8 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{CheckpointError, Owner, StreamKey};
+use super::error::CheckpointError;
+use super::stream::{Owner, StreamKey};
 use crate::model::{Index, IndexEntry, Position};
 
 /// Format of the position record this build writes and reads.

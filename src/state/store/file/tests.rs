@@ -155,3 +155,8 @@ fn version_1_files_still_load() {
     store.write(&k, &change("6", &[], &["u1"])).unwrap();
     assert!(store.load(&k).unwrap().unwrap().objects.is_empty());
 }
+
+#[test]
+fn the_unknown_version_message_names_the_versions_read() {
+    assert_eq!(FORMAT_VERSION, 2, "CheckpointError::UnknownVersion says \"versions 1 and 2\": update it too");
+}

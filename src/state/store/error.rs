@@ -1,0 +1,49 @@
+//! [`CheckpointError`]: why a store could not be opened, read or written.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error(
+        "checkpoint directory {dir} cannot be created or used: {cause} (fix: make [checkpoint] dir point to a writable directory)"
+    )]
+    Dir { dir: PathBuf, cause: std::io::Error },
+    #[error("checkpoint {path} cannot be read: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
+    #[error(
+        "checkpoint {path} is corrupt ({cause}); kubecast will not guess where to resume (fix: restore it, or delete the stream's state to start the stream over: it then emits its initial list again, per `initial`)"
+    )]
+    Corrupt { path: PathBuf, cause: String },
+    #[error(
+        "checkpoint {path} has format version {found}, this kubecast reads versions 1 and 2 (fix: run the kubecast version that wrote it, or delete the file to start the stream over)"
+    )]
+    UnknownVersion { path: PathBuf, found: u32 },
+    #[error("checkpoint {path} belongs to another query ({found}); refusing to reuse it (fix: delete it)")]
+    OtherStream { path: PathBuf, found: String },
+    #[error("checkpoint {path} cannot be written: {cause}")]
+    Write { path: PathBuf, cause: std::io::Error },
+    #[error(
+        "checkpoint directory {dir} is in use by another kubecast process ({holder}); two processes on one directory would publish every change twice and overwrite each other's checkpoints (fix: stop the other process, or give this one its own [checkpoint] dir)"
+    )]
+    Locked { dir: PathBuf, holder: String },
+    #[error(
+        "{what} belongs to another cluster (kube-system namespace uid {stored}, this cluster's is {ours}): two clusters share one [cluster] name and one state store (fix: give each cluster its own [cluster] name)"
+    )]
+    OtherCluster { what: String, stored: String, ours: String },
+    #[error(
+        "{what}: another kubecast process owns the state now ({why}); this one stops writing and publishing (fix: none needed if that process is the new leader; else give each deployment its own [cluster] name or state topic/bucket)"
+    )]
+    Fenced { what: String, why: String },
+    #[error("{what}: {cause}")]
+    Broker { what: String, cause: String },
+    /// The store is set up in a way kubecast cannot keep state in (not retried).
+    #[error("{what}: {why}")]
+    Unusable { what: String, why: String },
+}
+
+impl CheckpointError {
+    /// Whether retrying the write can help (else the process stops).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Self::Fenced { .. } | Self::OtherCluster { .. } | Self::Locked { .. })
+    }
+}

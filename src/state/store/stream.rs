@@ -1,0 +1,67 @@
+//! A stream's identity in every store ([`StreamKey`]), who writes ([`Owner`]) and what a write
+//! carries ([`Delta`]).
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::model::IndexEntry;
+
+/// The identity of a stream: exactly the query it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamKey {
+    pub cluster: String,
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    /// `None`: cluster-wide.
+    pub namespace: Option<String>,
+    pub label_selector: String,
+    pub field_selector: String,
+}
+
+impl StreamKey {
+    /// `configmap.core.v1.ns-shop.3f2a9c1b7d4e5f60`-style id: readable prefix, hash of the
+    /// whole query (cluster name and selectors included).
+    pub fn id(&self) -> String {
+        let json = serde_json::to_vec(self).expect("StreamKey serialises");
+        let hash = Sha256::digest(&json);
+        let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let group = if self.group.is_empty() { "core" } else { &self.group };
+        let scope = match &self.namespace {
+            Some(ns) => format!("ns-{ns}"),
+            None => "all".to_string(),
+        };
+        format!("{}.{group}.{}.{scope}.{hex}", self.kind.to_lowercase(), self.version)
+    }
+
+    /// The file store's snapshot file name.
+    pub fn file_name(&self) -> String {
+        format!("{}.json", self.id())
+    }
+}
+
+/// Who writes the store: stamped on every position record.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Owner {
+    /// The uid of the cluster's `kube-system` namespace (`None` when it cannot be read).
+    pub cluster_uid: Option<String>,
+    /// The lease epoch (`leaseTransitions`) this process holds; 0 without `[coordination]`.
+    pub epoch: i64,
+    /// This process (the lease identity, or host and pid).
+    pub writer: String,
+}
+
+/// What changed in a stream's position since its last write.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delta {
+    /// Index entries added or changed.
+    pub upserts: Vec<(String, IndexEntry)>,
+    /// Index entries removed.
+    pub removes: Vec<String>,
+    /// `upserts` is the whole index (the file store's compaction; `removes` then only says
+    /// what to mark changed again if the write fails).
+    pub full: bool,
+    /// The position after the change (always written: it is small).
+    pub resource_version: Option<String>,
+    pub acked_ahead: Vec<(String, String)>,
+}
