@@ -5,6 +5,7 @@
 //! cargo bench --bench state                             # 10000 and 100000 objects
 //! cargo bench --bench state -- --objects 10000          # chosen sizes
 //! cargo bench --bench state -- --takeover-objects 0     # skip the takeover part
+//! cargo bench --bench state -- --objects 0              # only the takeover part
 //! ```
 //!
 //! 1. **Writes and load** (in process, through the real stores against the test environment's
@@ -247,7 +248,7 @@ fn main() -> Result<()> {
             "{:>6} {:>8} {:>14} {:>12} {:>16} {:>10} {:>8}",
             "store", "N", "first write", "first MB", "steady bytes/s", "load", "loaded"
         );
-        for &n in &sizes {
+        for &n in sizes.iter().filter(|&&n| n > 0) {
             for kind in KINDS {
                 let f = writes_and_load(kind, &env, n, seconds).await.with_context(|| format!("{kind:?} at {n}"))?;
                 println!(

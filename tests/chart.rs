@@ -470,13 +470,21 @@ fn sidecar_values_render_the_container_in_a_pod_template_and_bind_the_other_pods
             ("ClusterRoleBinding", 1),
             ("ConfigMap", 1),
             ("PodTemplate", 1),
-            ("Role", 1),
-            ("RoleBinding", 1)
+            ("Role", 2),
+            ("RoleBinding", 2)
         ]),
-        "no Deployment, Service or ServiceAccount in sidecar mode with an existing account (the cluster role: the identity)"
+        "no Deployment, Service or ServiceAccount in sidecar mode with an existing account (the cluster role: the identity; the second role: the Lease)"
     );
     assert_identity_role(&objs);
-    assert_eq!(rbac(&objs), BTreeMap::from([(("Role".into(), "shop".into()), read_only(&[("", "configmaps")]))]));
+    let lease_role = objs.iter().find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "k-kubecast-lease").unwrap();
+    assert_eq!(lease_role["rules"][0]["resourceNames"], json!(["k-kubecast"]));
+    let without_lease: Vec<Value> =
+        objs.iter().filter(|o| o["metadata"]["name"] != "k-kubecast-lease").cloned().collect();
+    assert_eq!(
+        rbac(&without_lease),
+        BTreeMap::from([(("Role".into(), "shop".into()), read_only(&[("", "configmaps")]))])
+    );
+    assert_has_lines(&config_toml(&objs), &["[coordination]", "enabled = true"]);
     assert_eq!(binding_subjects(&objs), BTreeSet::from(["kc/shop-app".to_string()]));
     let tpl = one(&objs, "PodTemplate");
     assert_eq!(tpl["metadata"]["name"], "k-kubecast-sidecar");
@@ -486,6 +494,7 @@ fn sidecar_values_render_the_container_in_a_pod_template_and_bind_the_other_pods
     let c = kubecast_container(spec);
     assert_kubecast_container(c, 9191);
     assert!(c["readinessProbe"].is_null(), "readinessProbe: null removes it");
+    assert_eq!(env_of(c, "POD_NAME").unwrap()["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
     let names: BTreeSet<_> = spec["volumes"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
     assert_eq!(names, BTreeSet::from(["kubecast-config", "kubecast-state", "kubecast-tmp"]));
     let toml = config_toml(&objs);

@@ -295,3 +295,26 @@ fn the_example_configs_in_config_dir_are_valid() {
     }
     assert!(n >= 2, "config/ has the embedded defaults and the documented example");
 }
+
+/// A broker state store needs a connection: the sink's (of its kind) or its own.
+#[test]
+fn a_broker_store_without_a_connection_is_refused_naming_the_fix() {
+    let (ok, _, err) = check(&format!("{GOOD}\n[checkpoint]\nstore = \"kafka\"\n"), &[]);
+    assert!(!ok);
+    assert!(err.contains("checkpoint.store") && err.contains("checkpoint.kafka.brokers"), "{err}");
+    let (ok, _, err) = check(&format!("{GOOD}\n[checkpoint]\nstore = \"nats\"\n"), &[]);
+    assert!(!ok);
+    assert!(err.contains("checkpoint.store") && err.contains("checkpoint.nats.url"), "{err}");
+    let (ok, _, err) = check(&format!("{GOOD}\n[checkpoint]\nstore = \"redis\"\n"), &[]);
+    assert!(!ok, "an unknown store");
+    assert!(err.contains("redis"), "{err}");
+    let (ok, _, err) =
+        check(&format!("{GOOD}\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nbucket = \"a.b\"\nurl = \"nats://x:4222\"\n"), &[]);
+    assert!(!ok);
+    assert!(err.contains("checkpoint.nats.bucket"), "{err}");
+    let (ok, _, err) = check(
+        &format!("{GOOD}\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"k:9092\"\n"),
+        &[],
+    );
+    assert!(ok, "its own brokers: {err}");
+}

@@ -491,7 +491,10 @@ async fn a_broker_outage_with_the_state_in_kafka_loses_nothing() {
         r.iter().filter_map(|r| r.key.clone()).collect::<HashSet<_>>().len() >= 21
     });
     let records = tokio::select! {
-        records = consumed => records,
+        records = tokio::time::timeout(WAIT - Duration::from_secs(10), consumed) => match records {
+            Ok(records) => records,
+            Err(_) => panic!("the changes made during the outage did not arrive:\n{}", kc.log()),
+        },
         status = kc.wait_exit(WAIT) => panic!("kubecast exited ({status}) after the outage:\n{}", kc.log()),
     };
     assert!(records.len() >= 21);

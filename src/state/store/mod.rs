@@ -11,8 +11,10 @@
 //! Every store keeps the same state per stream (the resume position and the index of
 //! delivered objects) and is written with [`Delta`]s: what changed since the last write, so
 //! writes are in proportion to the changes, not to the index. A record that cannot be read, of
-//! another query, of another cluster or of a newer lease epoch is an error naming it, never a
-//! silent replay.
+//! another query or of another cluster is an error naming it, never a silent replay. Every
+//! position record carries the lease epoch it was written under (for the operator; the
+//! fencing itself is the store's: a process that just took the Lease always holds the current
+//! epoch, so a higher stored one means the Lease was made again).
 //!
 //! Invariant: only the owner of the store writes it (the file lock, the Kafka producer epoch,
 //! the NATS revision); an [`CheckpointError::Fenced`] write stops the process.

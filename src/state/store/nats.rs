@@ -270,11 +270,38 @@ impl NatsStore {
                 let mut msgs: Vec<(String, Option<&'static str>, Option<Bytes>)> =
                     chunk.iter().map(|(k, v)| (k.clone(), v.is_none().then_some("DEL"), v.clone())).collect();
                 msgs.push((position_key(&id), None, Some(p.clone())));
-                let revision = self.batch(msgs, last.revision).await?;
+                let revision = match self.batch(msgs, last.revision).await {
+                    Ok(revision) => revision,
+                    Err(e @ CheckpointError::Fenced { .. }) => return Err(self.ours_after_all(&id, e).await),
+                    Err(e) => return Err(e),
+                };
                 self.last.lock().await.insert(id.clone(), Last { revision, value: p });
             }
         }
         Ok(())
+    }
+
+    /// A batch refused because the position record moved: if this process moved it (an
+    /// earlier commit whose answer was lost), take its revision and retry at the next write;
+    /// else another process owns the stream now: `fenced`.
+    async fn ours_after_all(&self, id: &str, fenced: CheckpointError) -> CheckpointError {
+        let what = self.describe();
+        let entry = match self.js.get_key_value(&self.bucket).await {
+            Ok(kv) => kv.entry(position_key(id)).await,
+            Err(e) => return broker(&what, format!("reading the position record of {id}: {e}")),
+        };
+        let entry = match entry {
+            Ok(Some(entry)) => entry,
+            Ok(None) => return fenced,
+            Err(e) => return broker(&what, format!("reading the position record of {id}: {e}")),
+        };
+        let ours = serde_json::from_slice::<PositionRecord>(&entry.value)
+            .is_ok_and(|p| p.writer == self.owner.writer && p.epoch == self.owner.epoch);
+        if !ours {
+            return fenced;
+        }
+        self.last.lock().await.insert(id.to_string(), Last { revision: entry.revision, value: entry.value });
+        broker(&what, format!("the position record of {id} was written by this process meanwhile (an answer lost); writing again"))
     }
 
     /// Publishes `msgs` (key, KV operation, value) as one atomic batch; the last one is a
