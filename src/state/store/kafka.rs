@@ -336,5 +336,5 @@ fn load(
         }
     }
     info!(topic, records, took = ?started.elapsed(), "Kafka state topic read");
-    Ok(loader.finish()?.into_iter().map(|(p, _)| p).collect())
+    loader.finish()
 }

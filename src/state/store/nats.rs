@@ -242,7 +242,7 @@ impl NatsStore {
                 }
             }
         }
-        let (position, _) = loader.finish()?.remove(0);
+        let position = loader.finish()?.remove(0);
         Ok((position, last))
     }
 
@@ -301,7 +301,12 @@ impl NatsStore {
             return fenced;
         }
         self.last.lock().await.insert(id.to_string(), Last { revision: entry.revision, value: entry.value });
-        broker(&what, format!("the position record of {id} was written by this process meanwhile (an answer lost); writing again"))
+        broker(
+            &what,
+            format!(
+                "the position record of {id} was written by this process meanwhile (an answer lost); writing again"
+            ),
+        )
     }
 
     /// Publishes `msgs` (key, KV operation, value) as one atomic batch; the last one is a

@@ -163,19 +163,16 @@ impl<'a> Loader<'a> {
 
     /// The positions, in the order of `keys` (`None`: no state yet). An index without a
     /// position record is an error: kubecast writes the position with every index change.
-    pub fn finish(self) -> Result<Vec<(Option<Position>, Option<PositionRecord>)>, CheckpointError> {
+    pub fn finish(self) -> Result<Vec<Option<Position>>, CheckpointError> {
         let mut out = Vec::new();
         for ((p, objects), key) in self.positions.into_iter().zip(self.indexes).zip(self.keys) {
             match p {
-                Some(rec) => out.push((
-                    Some(Position {
-                        resource_version: rec.resource_version.clone(),
-                        objects,
-                        acked_ahead: rec.acked_ahead.clone(),
-                    }),
-                    Some(rec),
-                )),
-                None if objects.is_empty() => out.push((None, None)),
+                Some(rec) => out.push(Some(Position {
+                    resource_version: rec.resource_version,
+                    objects,
+                    acked_ahead: rec.acked_ahead,
+                })),
+                None if objects.is_empty() => out.push(None),
                 None => {
                     return Err(CheckpointError::Corrupt {
                         path: format!("{} records of {}", self.place, key.id()).into(),
@@ -313,8 +310,7 @@ mod tests {
                 }
             }
             l.apply(&position_key(&k.id()), Some(&PositionRecord::new(k, &me, Some("7"), &[("a".into(), "8".into())]).encode())).unwrap();
-            let (pos, _) = l.finish().unwrap().remove(0);
-            let pos = pos.unwrap();
+            let pos = l.finish().unwrap().remove(0).unwrap();
             prop_assert_eq!(pos.objects, model);
             prop_assert_eq!(pos.resource_version.as_deref(), Some("7"));
             prop_assert_eq!(pos.acked_ahead, vec![("a".to_string(), "8".to_string())]);
