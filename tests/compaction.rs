@@ -4,62 +4,17 @@
 
 use kubecast_kit as common;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{Kubecast, TestNamespace, about, cm_config, create_cms, names, verb};
+use common::{Kubecast, TestNamespace, about, cm_config, create_cms, hundred_changes, names, verb, wait_until_expired};
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Client;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const GRACE: Duration = Duration::from_millis(1500);
-
-/// 100 changes: 30 updates (c00..c29), 20 deletes (c30..c49), 50 creates (n00..n49).
-/// Returns the ids of the updates and creates, and the uids of the deleted objects.
-async fn hundred_changes(
-    client: &Client,
-    ns: &str,
-    existing: &HashMap<String, (String, String)>,
-) -> (BTreeSet<String>, HashSet<String>) {
-    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
-    let mut expected = BTreeSet::new();
-    for name in names("c", 0..30) {
-        let c = api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
-        expected.insert(format!("{}:{}:modified", c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()));
-    }
-    let mut deleted = HashSet::new();
-    for name in names("c", 30..50) {
-        api.delete(&name, &DeleteParams::default()).await.unwrap();
-        deleted.insert(existing[&name].0.clone());
-    }
-    for (_, (uid, rv)) in create_cms(client, ns, &names("n", 0..50)).await {
-        expected.insert(format!("{uid}:{rv}:added"));
-    }
-    (expected, deleted)
-}
-
-/// Waits until a watch from `rv` is answered with 410 Gone (in either shape).
-async fn wait_until_expired(api: &Api<ConfigMap>, rv: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let gone = match api.watch(&WatchParams::default().timeout(1), rv).await {
-            Err(kube::Error::Api(s)) => s.code == 410,
-            Err(e) => panic!("watch: {e}"),
-            Ok(stream) => {
-                let mut stream = std::pin::pin!(stream);
-                matches!(stream.try_next().await, Ok(Some(WatchEvent::Error(s))) if s.code == 410)
-            }
-        };
-        if gone {
-            return;
-        }
-        assert!(Instant::now() < deadline, "resourceVersion {rv} never expired");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
 
 fn checkpoint_rv(kc: &Kubecast) -> Option<String> {
     let cps = kc.checkpoints();
@@ -71,14 +26,14 @@ fn checkpoint_rv(kc: &Kubecast) -> Option<String> {
 fn assert_exact_changes(
     after: &[Value],
     expected: &BTreeSet<String>,
-    deleted: &HashSet<String>,
+    deleted: &BTreeSet<String>,
     ns: &str,
     untouched: &[String],
 ) {
     let got: BTreeSet<String> =
         after.iter().filter(|e| verb(e) != "deleted").map(|e| e["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(&got, expected, "added/modified after the gap:\n{}", common::pretty(after));
-    let got_deleted: HashSet<String> = after
+    let got_deleted: BTreeSet<String> = after
         .iter()
         .filter(|e| verb(e) == "deleted")
         .map(|e| e["partitionkey"].as_str().unwrap().to_string())

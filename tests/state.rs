@@ -9,10 +9,10 @@ use kubecast_kit as common;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use common::{Kubecast, TestNamespace, about, cm_config, create_cms, names, verb};
+use common::{Kubecast, TestNamespace, about, cm_config, create_cms, hundred_changes, names, verb, wait_until_expired};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
@@ -143,49 +143,6 @@ impl Store {
                 async_nats::jetstream::new(client).get_key_value(&self.name).await.is_ok()
             }
         }
-    }
-}
-
-/// 100 changes while kubecast is down: 30 updates, 20 deletes, 50 creates. Returns the ids
-/// of the updates and creates, and the uids of the deleted objects.
-async fn hundred_changes(
-    client: &kube::Client,
-    ns: &str,
-    existing: &HashMap<String, (String, String)>,
-) -> (BTreeSet<String>, BTreeSet<String>) {
-    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
-    let mut expected = BTreeSet::new();
-    for name in names("c", 0..30) {
-        let c = api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
-        expected.insert(format!("{}:{}:modified", c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()));
-    }
-    let mut deleted = BTreeSet::new();
-    for name in names("c", 30..50) {
-        api.delete(&name, &DeleteParams::default()).await.unwrap();
-        deleted.insert(existing[&name].0.clone());
-    }
-    for (_, (uid, rv)) in create_cms(client, ns, &names("n", 0..50)).await {
-        expected.insert(format!("{uid}:{rv}:added"));
-    }
-    (expected, deleted)
-}
-
-async fn wait_until_expired(api: &Api<ConfigMap>, rv: &str) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let gone = match api.watch(&WatchParams::default().timeout(1), rv).await {
-            Err(kube::Error::Api(s)) => s.code == 410,
-            Err(e) => panic!("watch: {e}"),
-            Ok(stream) => {
-                let mut stream = std::pin::pin!(stream);
-                matches!(futures::TryStreamExt::try_next(&mut stream).await, Ok(Some(WatchEvent::Error(s))) if s.code == 410)
-            }
-        };
-        if gone {
-            return;
-        }
-        assert!(Instant::now() < deadline, "resourceVersion {rv} never expired");
-        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 

@@ -1,11 +1,13 @@
 //! Clients for the test apiservers, namespaces and ConfigMaps.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
-use serde_json::Value;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use serde_json::{Value, json};
 
 use crate::env::kubeconfig;
 
@@ -104,5 +106,51 @@ impl Drop for TestNamespace {
                 let _ = Api::<Namespace>::all(client).delete(&name, &DeleteParams::default()).await;
             });
         }
+    }
+}
+
+/// 100 changes to the ConfigMaps `c00`..`c59` of [`create_cms`] (`existing`): 30 updates
+/// (c00..c29), 20 deletes (c30..c49), 50 creates (n00..n49). Returns the ids of the updates
+/// and creates (`{uid}:{rv}:{verb}`), and the uids of the deleted objects.
+pub async fn hundred_changes(
+    client: &Client,
+    ns: &str,
+    existing: &HashMap<String, (String, String)>,
+) -> (BTreeSet<String>, BTreeSet<String>) {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    let mut expected = BTreeSet::new();
+    for name in names("c", 0..30) {
+        let c = api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
+        expected.insert(format!("{}:{}:modified", c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap()));
+    }
+    let mut deleted = BTreeSet::new();
+    for name in names("c", 30..50) {
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+        deleted.insert(existing[&name].0.clone());
+    }
+    for (_, (uid, rv)) in create_cms(client, ns, &names("n", 0..50)).await {
+        expected.insert(format!("{uid}:{rv}:added"));
+    }
+    (expected, deleted)
+}
+
+/// Waits (up to 120 s) until a watch from `rv` is answered with 410 Gone, in either shape
+/// (an error status, or an ERROR event).
+pub async fn wait_until_expired(api: &Api<ConfigMap>, rv: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let gone = match api.watch(&WatchParams::default().timeout(1), rv).await {
+            Err(kube::Error::Api(s)) => s.code == 410,
+            Err(e) => panic!("watch: {e}"),
+            Ok(stream) => {
+                let mut stream = std::pin::pin!(stream);
+                matches!(stream.try_next().await, Ok(Some(WatchEvent::Error(s))) if s.code == 410)
+            }
+        };
+        if gone {
+            return;
+        }
+        assert!(Instant::now() < deadline, "resourceVersion {rv} never expired");
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

@@ -16,7 +16,8 @@ pub mod process;
 pub mod sink;
 
 pub use cluster::{
-    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, names, unique,
+    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, names,
+    unique, wait_until_expired,
 };
 pub use env::{Env, compacting_kubeconfig, compacting_up, env, env_file, env_up, env_var, kubeconfig, repo_root};
 pub use process::{Kubecast, bin, set_bin};
