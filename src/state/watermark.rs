@@ -217,7 +217,9 @@ mod tests {
         let shared = wm.index();
         assert_eq!(shared.lock().objects.get("z").map(|e| e.to_entry()), Some(entry("4")), "the loaded index");
         wm.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
-        assert_eq!((shared.lock().applied, shared.lock().objects.len()), (0, 1), "item 0 is not acked yet");
+        let acked = shared.lock();
+        assert_eq!((acked.applied, acked.objects.len()), (0, 1), "item 0 is not acked yet");
+        drop(acked);
         wm.ack(0, Effect::Watched { op: IndexOp::Remove("z".into()), rv: "10".into() });
         let committed = wm.committed().objects;
         let acked = shared.lock();
