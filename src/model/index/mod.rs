@@ -239,6 +239,10 @@ impl ObjectIndex {
             self.namespaces.release(namespace);
             return false;
         };
+        if self.slots.len() == self.slots.capacity() {
+            // Grows by a quarter, not the `Vec`'s double: at most 25% of the slots unused.
+            self.slots.reserve_exact((self.slots.len() / 4).max(64));
+        }
         self.slots.push(Slot { uid: key, rv: rv.to_le_bytes(), namespace, name_at, name_len });
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.table.insert_unique(hasher.hash_one(key), number, |&s| hasher.hash_one(slots[s as usize].uid));

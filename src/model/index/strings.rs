@@ -81,6 +81,10 @@ impl Arena {
         let at = u32::try_from(self.text.len()).ok()?;
         let len = u32::try_from(name.len()).ok()?;
         at.checked_add(len)?;
+        if self.text.capacity() - self.text.len() < name.len() {
+            // Grows by a quarter, not the `String`'s double: at most 25% of the arena unused.
+            self.text.reserve_exact(name.len().max(self.text.len() / 4).max(4096));
+        }
         self.text.push_str(name);
         Some((at, len))
     }
