@@ -127,7 +127,7 @@ fn a_watch_event_delivered_before_a_restart_is_not_sent_again_once() {
 
 /// The uid of object `u`: a UUID for even `u` (kept compact), text for odd ones.
 fn uid(u: u8) -> String {
-    if u % 2 == 0 { format!("{u:08x}-0000-4000-8000-000000000000") } else { format!("u{u}") }
+    if u.is_multiple_of(2) { format!("{u:08x}-0000-4000-8000-000000000000") } else { format!("u{u}") }
 }
 
 /// The resourceVersion `rv`: decimal, except 3 (kept as text).
