@@ -276,8 +276,8 @@ async fn measure_size(client: &Client, kubeconfig: &str, ns: String, n: usize) -
     eprintln!("snapshot: all events in the sink after {:.2} s; stopping (SIGTERM)", secs(row.snapshot_sink));
     kc.stop().await?;
 
-    let (cp_path, cp) = kc.checkpoint()?;
-    row.checkpoint_bytes = fs::metadata(&cp_path)?.len();
+    let (cp_bytes, cp) = kc.checkpoint()?;
+    row.checkpoint_bytes = cp_bytes;
     row.checkpoint_objects = cp["objects"].as_array().map_or(0, Vec::len);
     let rv = cp["resource_version"].as_str().context("checkpoint without resource_version")?.to_string();
     if row.checkpoint_objects != n {
@@ -546,10 +546,13 @@ impl Run {
     }
 
     /// The stream's checkpoint file and its JSON.
-    fn checkpoint(&self) -> Result<(PathBuf, Value)> {
+    /// The stream's checkpoint as kubecast loads it (the snapshot with its journal applied),
+    /// and its size on disk (snapshot and journal).
+    fn checkpoint(&self) -> Result<(u64, Value)> {
         let path = self.kc.checkpoint_files().into_iter().next().context("no checkpoint file")?;
-        let value = serde_json::from_slice(&fs::read(&path)?)?;
-        Ok((path, value))
+        let journal = path.with_extension("journal");
+        let bytes = fs::metadata(&path)?.len() + fs::metadata(&journal).map_or(0, |m| m.len());
+        Ok((bytes, kubecast_kit::process::checkpoint_with_journal(&path)))
     }
     /// This run's log so far.
     fn log(&self) -> String {

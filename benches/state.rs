@@ -30,7 +30,7 @@ use anyhow::{Context, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kubecast::model::{Effect, Index, IndexEntry, IndexOp};
+use kubecast::model::{Effect, IndexEntry, IndexOp};
 use kubecast::state::persister::write_changed;
 use kubecast::state::store::file::FileStore;
 use kubecast::state::store::kafka::{KafkaStore, KafkaStoreConfig};
@@ -147,13 +147,16 @@ async fn writes_and_load(kind: Kind, env: &kubecast_kit::Env, n: usize, seconds:
     let cp = Arc::new(StreamCheckpoint::new(key, None));
     let cps = vec![cp.clone()];
     let mut rv = 1_000_000u64;
-    let objects: Index = (0..n).map(|i| (uid(i), entry(i, rv))).collect();
-    cp.ack(0, Effect::Listed { rv: rv.to_string(), objects });
+    // As a first list does: an upsert per object, then the end of the list.
+    for i in 0..n {
+        cp.ack(i as u64, Effect::Diffed(IndexOp::Upsert(uid(i), entry(i, rv))));
+    }
+    cp.ack(n as u64, Effect::Listed { rv: rv.to_string() });
     let t = Instant::now();
     write_changed(&store, &cps).await?;
     let (first_write, first_bytes) = (t.elapsed(), store.bytes_written());
 
-    let mut seq = 1u64;
+    let mut seq = n as u64 + 1;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.tick().await;
     let before = store.bytes_written();

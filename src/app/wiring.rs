@@ -25,7 +25,7 @@ use crate::shaping::stage::{self, StreamRoute};
 use crate::sink::Sink;
 use crate::sink::template::Template;
 use crate::source::client::ApiLimiter;
-use crate::source::reflector::{Item, Reflector, StreamSpec};
+use crate::source::reflector::{Item, Reflector, Start, StreamSpec};
 use crate::state::persister;
 use crate::state::store::{CheckpointError, Store, StreamKey};
 use crate::state::watermark::StreamCheckpoint;
@@ -50,7 +50,7 @@ pub struct Pipeline {
     pub streams: Vec<StreamPlan>,
     checkpoints: Vec<Arc<StreamCheckpoint>>,
     /// What each stream resumes from (taken by its reflector).
-    loaded: Vec<Option<Position>>,
+    starts: Vec<Option<Start>>,
     metrics: Vec<Arc<StreamMetrics>>,
     store: Option<Store>,
 }
@@ -61,7 +61,7 @@ impl Pipeline {
         let streams = plan(&config);
         let metrics =
             streams.iter().map(|s| Arc::new(StreamMetrics::new(&s.key.group, &s.key.kind, &s.name))).collect();
-        Self { config, streams, checkpoints: Vec::new(), loaded: Vec::new(), metrics, store: None }
+        Self { config, streams, checkpoints: Vec::new(), starts: Vec::new(), metrics, store: None }
     }
 
     /// Loads every stream's position from `store`, which the persister then writes.
@@ -76,9 +76,8 @@ impl Pipeline {
             took = ?started.elapsed(),
             "stream positions loaded"
         );
-        self.checkpoints =
-            keys.into_iter().zip(&loaded).map(|(k, p)| Arc::new(StreamCheckpoint::new(k, p.clone()))).collect();
-        self.loaded = loaded;
+        // The index is held once, by the watermark; the reflector reads it.
+        (self.checkpoints, self.starts) = keys.into_iter().zip(loaded).map(|(k, p)| start(k, p)).unzip();
         self.store = Some(store);
         Ok(())
     }
@@ -113,9 +112,9 @@ impl Pipeline {
         let cluster = &self.config.cluster;
         self.streams
             .iter()
-            .zip(self.loaded.iter_mut())
+            .zip(self.starts.iter_mut())
             .enumerate()
-            .map(|(id, (s, loaded))| {
+            .map(|(id, (s, start))| {
                 let rc = &self.config.resources[s.resource_index];
                 let spec = StreamSpec {
                     id,
@@ -135,7 +134,11 @@ impl Pipeline {
                     streaming_lists: cluster.streaming_lists,
                     health: health.clone(),
                 };
-                Reflector::new(spec, loaded.take(), items.clone())
+                Reflector::new(
+                    spec,
+                    start.take().expect("one reflector per stream, after Pipeline::load"),
+                    items.clone(),
+                )
             })
             .collect()
     }
@@ -204,6 +207,16 @@ pub struct Downstream {
     /// Ends when the cancel token fires, or when the store refuses this process.
     /// (`None` once supervision saw it end.)
     pub persister: Option<JoinHandle<Result<(), CheckpointError>>>,
+}
+
+/// A stream's watermark, holding its loaded position and index, and where its reflector
+/// starts: the position's resume point and the watermark's index (no copy of it).
+fn start(key: StreamKey, loaded: Option<Position>) -> (Arc<StreamCheckpoint>, Option<Start>) {
+    let (resume, acked_ahead) =
+        loaded.as_ref().map(|p| (p.resource_version.clone(), p.acked_ahead.clone())).unwrap_or_default();
+    let checkpoint = Arc::new(StreamCheckpoint::new(key, loaded));
+    let start = Start { resume, acked_ahead, index: checkpoint.index() };
+    (checkpoint, Some(start))
 }
 
 /// The streams of `config`, in stream order (one per resource and namespace).

@@ -7,16 +7,20 @@
 pub mod attributes;
 pub mod event;
 pub mod fields;
+pub mod index;
 pub(crate) mod json_check;
 pub mod object;
 pub mod position;
 pub mod problem;
+pub mod shared_index;
 pub mod verb;
 
 pub use attributes::{AttributeValue, Attributes, ExtensionValue};
 pub use event::{Change, CloudEvent, EventError, EventSource};
 pub use fields::{Fields, TypeFields};
+pub use index::{Index, IndexEntry, ObjectIndex, UidSet};
 pub use object::RawObject;
-pub use position::{Effect, Index, IndexEntry, IndexOp, Position};
+pub use position::{Effect, IndexOp, Position};
 pub use problem::Problem;
+pub use shared_index::SharedIndex;
 pub use verb::{Origin, Verb};

@@ -1,20 +1,13 @@
-//! A stream's position: where its watch resumes and the compact index of the objects it has
+//! A stream's position: where its watch resumes and the index of the objects it has
 //! delivered, and the effect each item the reflector emits has on it once acknowledged.
+//!
+//! [`Position`] and [`Index`] are the plain forms the stores load and write; in memory a
+//! stream holds its index once, compact ([`ObjectIndex`], shared as a
+//! [`super::SharedIndex`]).
 
-use std::collections::HashMap;
+use super::index::{Index, IndexEntry, ObjectIndex};
 
-/// What the stream knows about one delivered object (never the whole object).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct IndexEntry {
-    pub namespace: Option<String>,
-    pub name: String,
-    pub resource_version: String,
-}
-
-/// uid -> entry (foldhash: the uids come from the apiserver; hashed once per event).
-pub type Index = HashMap<String, IndexEntry, foldhash::fast::RandomState>;
-
-/// The state a stream resumes from.
+/// The state a stream resumes from, as the stores load and write it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Position {
     /// Where to resume the watch; `None` until the first list completed and was acknowledged.
@@ -43,8 +36,26 @@ pub enum Effect {
     Diffed(IndexOp),
     /// A bookmark: resume after `rv`.
     Bookmark(String),
-    /// A list (and its diff) is complete: the index is exactly `objects`, resume after `rv`.
-    Listed { rv: String, objects: Index },
+    /// A list (and its diff) is complete: resume after `rv`. The index needs no change: the
+    /// list's `Diffed` items before it made it the list.
+    Listed { rv: String },
+}
+
+impl IndexOp {
+    pub fn uid(&self) -> &str {
+        match self {
+            IndexOp::Upsert(uid, _) | IndexOp::Remove(uid) => uid,
+        }
+    }
+
+    pub fn apply(&self, objects: &mut ObjectIndex) {
+        match self {
+            IndexOp::Upsert(uid, entry) => objects.insert(uid, entry),
+            IndexOp::Remove(uid) => {
+                objects.remove(uid);
+            }
+        }
+    }
 }
 
 impl Effect {
@@ -57,31 +68,23 @@ impl Effect {
         }
     }
 
-    /// What acknowledging the item does to `cp`.
-    pub fn apply(self, cp: &mut Position) {
-        let op = match self {
+    /// The index change the item carries, if any.
+    pub fn op(&self) -> Option<&IndexOp> {
+        match self {
+            Effect::Watched { op, .. } | Effect::Diffed(op) => Some(op),
+            Effect::Bookmark(_) | Effect::Listed { .. } => None,
+        }
+    }
+
+    /// What acknowledging the item does to the resume point and the index.
+    pub fn apply(self, resume: &mut Option<String>, objects: &mut ObjectIndex) {
+        match self {
             Effect::Watched { op, rv } => {
-                cp.resource_version = Some(rv);
-                op
+                op.apply(objects);
+                *resume = Some(rv);
             }
-            Effect::Diffed(op) => op,
-            Effect::Bookmark(rv) => {
-                cp.resource_version = Some(rv);
-                return;
-            }
-            Effect::Listed { rv, objects } => {
-                cp.resource_version = Some(rv);
-                cp.objects = objects;
-                return;
-            }
-        };
-        match op {
-            IndexOp::Upsert(uid, entry) => {
-                cp.objects.insert(uid, entry);
-            }
-            IndexOp::Remove(uid) => {
-                cp.objects.remove(&uid);
-            }
+            Effect::Diffed(op) => op.apply(objects),
+            Effect::Bookmark(rv) | Effect::Listed { rv } => *resume = Some(rv),
         }
     }
 }

@@ -7,15 +7,19 @@
 //!
 //! The watermark also remembers which index entries changed since the last write, so a write
 //! carries those ([`Delta`]) and not the whole index.
+//!
+//! The index of the acknowledged prefix is the stream's only full index ([`SharedIndex`]):
+//! the watermark applies each item's index change to it as the item joins the prefix, and
+//! the stream's reflector reads it (under its overlay of what is not acknowledged yet).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::store::{Delta, StreamKey};
-use crate::model::{Effect, IndexOp, Position};
+use crate::model::{Effect, ObjectIndex, Position, SharedIndex};
 #[cfg(test)]
-use crate::model::{Index, IndexEntry};
+use crate::model::{IndexEntry, IndexOp};
 
 type Uids = HashSet<String, foldhash::fast::RandomState>;
 
@@ -26,7 +30,10 @@ pub struct Watermark {
     next: u64,
     /// Acknowledged items after a gap.
     ahead: BTreeMap<u64, Effect>,
-    committed: Position,
+    /// Where the acknowledged prefix resumes.
+    resource_version: Option<String>,
+    /// The acknowledged prefix's index (`applied` = `next`), shared with the reflector.
+    index: SharedIndex,
     /// Index entries changed (added, updated or removed) since the last write.
     changed: Uids,
     /// Anything changed since the last write (the position, `ahead` or the index).
@@ -36,7 +43,19 @@ pub struct Watermark {
 impl Watermark {
     /// Starts from a loaded (or empty) checkpoint; the reflector numbers its items from 0.
     pub fn new(start: Position) -> Self {
-        Self { next: 0, ahead: BTreeMap::new(), committed: start, changed: Uids::default(), dirty: false }
+        Self {
+            next: 0,
+            ahead: BTreeMap::new(),
+            resource_version: start.resource_version,
+            index: SharedIndex::new(ObjectIndex::from(start.objects)),
+            changed: Uids::default(),
+            dirty: false,
+        }
+    }
+
+    /// The acknowledged index, for the stream's reflector.
+    pub fn index(&self) -> SharedIndex {
+        self.index.clone()
     }
 
     pub fn ack(&mut self, seq: u64, effect: Effect) {
@@ -49,43 +68,26 @@ impl Watermark {
             self.dirty = true;
             return;
         }
-        self.apply(effect);
+        let mut acked = self.index.lock();
+        self.changed.extend(effect.op().map(|op| op.uid().to_owned()));
+        effect.apply(&mut self.resource_version, &mut acked.objects);
         self.next += 1;
         while let Some(e) = self.ahead.remove(&self.next) {
-            self.apply(e);
+            self.changed.extend(e.op().map(|op| op.uid().to_owned()));
+            e.apply(&mut self.resource_version, &mut acked.objects);
             self.next += 1;
         }
+        acked.applied = self.next;
         self.dirty = true;
     }
 
-    fn apply(&mut self, effect: Effect) {
-        match &effect {
-            Effect::Watched { op, .. } | Effect::Diffed(op) => {
-                let uid = match op {
-                    IndexOp::Upsert(uid, _) | IndexOp::Remove(uid) => uid,
-                };
-                self.changed.insert(uid.clone());
-            }
-            Effect::Listed { objects, .. } => {
-                // Only what the list changed (the relist-diff's work, once more, at its end).
-                for (uid, e) in &self.committed.objects {
-                    if objects.get(uid) != Some(e) {
-                        self.changed.insert(uid.clone());
-                    }
-                }
-                for uid in objects.keys() {
-                    if !self.committed.objects.contains_key(uid) {
-                        self.changed.insert(uid.clone());
-                    }
-                }
-            }
-            Effect::Bookmark(_) => {}
+    /// The position of the acknowledged prefix (a copy of the index: for tests and checks).
+    pub fn committed(&self) -> Position {
+        Position {
+            resource_version: self.resource_version.clone(),
+            objects: self.index.lock().objects.to_index(),
+            acked_ahead: Vec::new(),
         }
-        effect.apply(&mut self.committed);
-    }
-
-    pub fn committed(&self) -> &Position {
-        &self.committed
     }
 
     /// Number of acknowledged items waiting behind an unacknowledged one.
@@ -102,19 +104,20 @@ impl Watermark {
         self.dirty = false;
         let mut d = Delta {
             full,
-            resource_version: self.committed.resource_version.clone(),
+            resource_version: self.resource_version.clone(),
             acked_ahead: self.ahead.values().filter_map(Effect::change_key).collect(),
             ..Default::default()
         };
+        let acked = self.index.lock();
         for uid in self.changed.drain() {
-            match self.committed.objects.get(&uid) {
-                Some(e) if !full => d.upserts.push((uid, e.clone())),
+            match acked.objects.get(&uid) {
+                Some(e) if !full => d.upserts.push((uid, e.to_entry())),
                 Some(_) => {}
                 None => d.removes.push(uid),
             }
         }
         if full {
-            d.upserts = self.committed.objects.iter().map(|(u, e)| (u.clone(), e.clone())).collect();
+            d.upserts = acked.objects.iter().map(|(u, e)| (u.to_string(), e.to_entry())).collect();
         }
         Some(d)
     }
@@ -164,8 +167,14 @@ impl StreamCheckpoint {
         self.watermark.lock().expect("watermark lock").restore(d);
     }
 
+    /// See [`Watermark::committed`].
     pub fn committed(&self) -> Position {
-        self.watermark.lock().expect("watermark lock").committed().clone()
+        self.watermark.lock().expect("watermark lock").committed()
+    }
+
+    /// See [`Watermark::index`].
+    pub fn index(&self) -> SharedIndex {
+        self.watermark.lock().expect("watermark lock").index()
     }
 
     /// How many items (from the stream's start in this process) are acknowledged in order.
@@ -198,14 +207,37 @@ mod tests {
     }
 
     #[test]
+    fn the_shared_index_is_the_acknowledged_prefix() {
+        let start = Position {
+            resource_version: Some("5".into()),
+            objects: [("z".to_string(), entry("4"))].into_iter().collect(),
+            acked_ahead: Vec::new(),
+        };
+        let mut wm = Watermark::new(start);
+        let shared = wm.index();
+        assert_eq!(shared.lock().objects.get("z").map(|e| e.to_entry()), Some(entry("4")), "the loaded index");
+        wm.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
+        let acked = shared.lock();
+        assert_eq!((acked.applied, acked.objects.len()), (0, 1), "item 0 is not acked yet");
+        drop(acked);
+        wm.ack(0, Effect::Watched { op: IndexOp::Remove("z".into()), rv: "10".into() });
+        let committed = wm.committed().objects;
+        let acked = shared.lock();
+        assert_eq!(acked.applied, 2);
+        assert_eq!(acked.objects.to_index(), committed);
+        assert_eq!(acked.objects.get("b").map(|e| e.to_entry()), Some(entry("11")));
+        assert!(!acked.objects.contains("z"));
+    }
+
+    #[test]
     fn diffed_items_do_not_move_the_resume_point_until_the_list_is_done() {
         let mut wm = Watermark::new(Position { resource_version: Some("5".into()), ..Default::default() });
         wm.ack(0, Effect::Diffed(IndexOp::Upsert("a".into(), entry("20"))));
         assert_eq!(wm.committed().resource_version.as_deref(), Some("5"));
-        let mut objects = Index::default();
-        objects.insert("a".into(), entry("20"));
-        wm.ack(1, Effect::Listed { rv: "21".into(), objects });
+        assert_eq!(wm.committed().objects["a"], entry("20"), "the index changes at once");
+        wm.ack(1, Effect::Listed { rv: "21".into() });
         assert_eq!(wm.committed().resource_version.as_deref(), Some("21"));
+        assert_eq!(wm.committed().objects.len(), 1);
     }
 
     #[test]
@@ -241,15 +273,14 @@ mod tests {
         let again = cp.take(false).unwrap();
         assert_eq!(again.upserts.len() + again.removes.len(), 3);
         // A list that changed one of two entries: a delta of one.
-        let mut objects = Index::default();
-        objects.insert("a".into(), entry("10"));
-        objects.insert("b".into(), entry("20"));
-        cp.ack(3, Effect::Listed { rv: "21".into(), objects });
+        cp.ack(3, Effect::Diffed(IndexOp::Upsert("b".into(), entry("20"))));
+        cp.ack(4, Effect::Listed { rv: "21".into() });
         let d = cp.take(false).unwrap();
         assert_eq!(d.upserts, vec![("b".to_string(), entry("20"))]);
         assert!(d.removes.is_empty());
+        assert_eq!(d.resource_version.as_deref(), Some("21"));
         let d = {
-            cp.ack(4, Effect::Bookmark("30".into()));
+            cp.ack(5, Effect::Bookmark("30".into()));
             cp.take(true).unwrap()
         };
         assert!(d.full && d.upserts.len() == 2, "a full write carries the whole index");

@@ -2,7 +2,6 @@
 //! against the index as they arrive (see [`super::diff`] for the decisions), by a streaming
 //! list where the apiserver offers one, else by a paginated LIST.
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -13,7 +12,7 @@ use tracing::{info, warn};
 use super::diff;
 use super::spec::{Initial, ReflectorError};
 use super::state::{Closed, OpenWatch, Reflector, State, is_gone};
-use crate::model::{Effect, IndexOp, Origin, RawObject, Verb};
+use crate::model::{Effect, IndexOp, Origin, RawObject, UidSet, Verb};
 
 /// Annotation of the bookmark that ends a streaming list's initial state.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -23,10 +22,10 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 /// The progress of one list (paginated or streaming) being diffed against the index.
 struct ListDiff {
     origin: Origin,
-    /// `initial = "now"` on the first list: index, but emit nothing.
+    /// `initial = "now"` on the first list: index, but emit no change (items without one).
     silent: bool,
     /// Uids the list contained so far.
-    seen: HashSet<String>,
+    seen: UidSet,
     emitted: usize,
     started: Instant,
     /// When progress was last logged.
@@ -39,7 +38,7 @@ impl Reflector {
         let mut list = ListDiff {
             origin,
             silent: !self.listed_once && self.spec.initial == Initial::Now,
-            seen: HashSet::new(),
+            seen: UidSet::new(),
             emitted: 0,
             started,
             reported: started,
@@ -70,7 +69,7 @@ impl Reflector {
             warn!(stream = %self.spec.name, "listed object without uid/name/resourceVersion skipped");
             return Ok(());
         };
-        list.seen.insert(uid.clone());
+        list.seen.insert(&uid);
         if list.reported.elapsed() >= PROGRESS_EVERY {
             list.reported = Instant::now();
             let secs = list.started.elapsed().as_secs_f64();
@@ -83,21 +82,22 @@ impl Reflector {
                 "listing: {} objects so far", list.seen.len()
             );
         }
-        let Some(verb) = diff::listed(&mut self.index, &uid, &entry) else {
+        let Some(verb) = diff::listed(&self.index, &uid, &entry) else {
             return Ok(());
         };
+        let effect = Effect::Diffed(IndexOp::Upsert(uid, entry));
         if list.silent {
-            return Ok(());
+            return self.emit(effect, None).await;
         }
         list.emitted += 1;
         let change = self.change(verb, list.origin, obj);
-        self.emit(Effect::Diffed(IndexOp::Upsert(uid, entry)), Some(change)).await
+        self.emit(effect, Some(change)).await
     }
 
     /// After the last listed object: objects the index has but the list had not were deleted
     /// while the stream was not watching. Then the item that moves the checkpoint to `rv`.
     async fn finish_diff(&mut self, list: ListDiff, rv: String, started: Instant, mode: &str) -> Result<(), Closed> {
-        let gone = diff::tombstones(&mut self.index, &list.seen);
+        let gone = self.index.absent_from(&list.seen);
         let deleted = gone.len();
         for (uid, entry) in gone {
             let object = diff::tombstone(self.target().source.api_resource(), &uid, &entry);
@@ -115,7 +115,7 @@ impl Reflector {
         );
         self.listed_once = true;
         self.set_synced();
-        self.emit(Effect::Listed { rv, objects: self.index.clone() }, None).await
+        self.emit(Effect::Listed { rv }, None).await
     }
 
     fn after_list_error(&self, e: kube::Error, origin: Origin) -> Result<State, ReflectorError> {

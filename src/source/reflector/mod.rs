@@ -35,7 +35,8 @@
 //!   last known uid, namespace, name and resourceVersion, unchanged -> nothing. `origin` is
 //!   `snapshot` until the stream's first list was acknowledged, `resync` after. With
 //!   `initial = "now"` the first list emits nothing. The list ends with an item that sets the
-//!   checkpoint to the *list's* resourceVersion and the new index.
+//!   checkpoint to the *list's* resourceVersion (the items before it changed the index;
+//!   with `initial = "now"` they carry no change).
 //! * `Watching { rv, open: None }` streams
 //!   `watch?resourceVersion=rv&allowWatchBookmarks=true&timeoutSeconds=..`; starting from a
 //!   checkpoint's rv this replays exactly the changes after it. `Watching { rv, open: Some }`
@@ -56,14 +57,20 @@
 //! Fatal (the stream returns an error): the resource is forbidden (403) on the first list, or
 //! is missing with `missing_kind = "fail"`, or `namespaces` is set for a cluster-scoped kind.
 //!
+//! The index of delivered objects is held once per stream: the watermark's acknowledged
+//! index, which the reflector reads under an overlay of the changes it emitted that are not
+//! acknowledged yet (`view`; the invariant is there).
+//!
 //! The files: `spec` (what a stream watches and emits, its error), `state` (the `State`s
-//! and the [`Reflector`] that carries them), `diff` (the decisions, as pure functions),
-//! `list` (`Listing`), `watching` (`Watching`); here: `run`, `step` and `Discover`.
+//! and the [`Reflector`] that carries them), `view` (the index as the reflector sees it),
+//! `diff` (the decisions, as pure functions), `list` (`Listing`), `watching` (`Watching`);
+//! here: `run`, `step` and `Discover`.
 
 mod diff;
 mod list;
 mod spec;
 mod state;
+mod view;
 mod watching;
 
 use std::sync::Arc;
@@ -73,7 +80,7 @@ use kube::discovery::{self, Scope};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-pub use self::spec::{Initial, Item, MissingKind, ReflectorError, StreamSpec};
+pub use self::spec::{Initial, Item, MissingKind, ReflectorError, Start, StreamSpec};
 pub use self::state::Reflector;
 use self::state::{Closed, State, Target};
 use crate::model::{EventSource, Origin};

@@ -7,7 +7,7 @@ use kube::Client;
 use kube::api::GroupVersionKind;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Change, Effect};
+use crate::model::{Change, Effect, SharedIndex};
 use crate::observe::health::Health;
 use crate::source::client::ApiLimiter;
 
@@ -59,8 +59,21 @@ pub struct StreamSpec {
     pub health: Arc<Health>,
 }
 
-/// One unit the reflector hands to the pipeline. `change` is `None` for items that only move
-/// the checkpoint (bookmarks, end of a list).
+/// Where a stream starts: its loaded position, the index held by its watermark.
+#[derive(Debug, Default)]
+pub struct Start {
+    /// Where its watch resumes; `None`: it lists first.
+    pub resume: Option<String>,
+    /// Changes after `resume` delivered and acknowledged before a restart (see `Position`).
+    pub acked_ahead: Vec<(String, String)>,
+    /// The acknowledged index (the watermark's), which the reflector reads under its own
+    /// changes not acknowledged yet (`view.rs`).
+    pub index: SharedIndex,
+}
+
+/// One unit the reflector hands to the pipeline. `change` is `None` for items that only
+/// change the checkpoint (bookmarks, end of a list, the objects of an `initial = "now"`
+/// list).
 #[derive(Debug)]
 pub struct Item {
     pub stream: usize,

@@ -14,8 +14,9 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
-use super::spec::{Item, ReflectorError, StreamSpec};
-use crate::model::{Change, Effect, EventSource, Index, Origin, Position, RawObject, Verb};
+use super::spec::{Item, ReflectorError, Start, StreamSpec};
+use super::view::IndexView;
+use crate::model::{Change, Effect, EventSource, Origin, RawObject, Verb};
 use crate::observe::health::StreamPhase;
 
 /// Client-side idle timeout around each `next()`: the server-side watch timeout plus this.
@@ -65,8 +66,9 @@ pub(super) struct Target {
 pub struct Reflector {
     pub(super) spec: StreamSpec,
     pub(super) target: Option<Target>,
-    /// The live index: every object the stream has emitted (or, with `initial = "now"`, seen).
-    pub(super) index: Index,
+    /// The index after every item emitted: every object the stream has emitted (or, with
+    /// `initial = "now"`, seen), read through to the acknowledged index.
+    pub(super) index: IndexView,
     /// The resume point loaded at start (consumed by the first `Discover`).
     pub(super) resume: Option<String>,
     /// Whether a list of this stream was ever completed (here or before a restart).
@@ -99,20 +101,18 @@ pub(super) struct ReflectorMetrics {
 pub(super) struct Closed;
 
 impl Reflector {
-    /// A stream that starts from `start` (its persisted position), if any, and emits into `tx`.
-    pub fn new(spec: StreamSpec, start: Option<Position>, tx: mpsc::Sender<Item>) -> Self {
-        let listed_once = start.as_ref().is_some_and(|c| c.resource_version.is_some());
+    /// A stream that starts from `start` (its persisted position and index) and emits into
+    /// `tx`.
+    pub fn new(spec: StreamSpec, start: Start, tx: mpsc::Sender<Item>) -> Self {
+        let listed_once = start.resume.is_some();
         let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
-        let (resume, index, acked_ahead) = match start {
-            Some(cp) => (cp.resource_version, cp.objects, cp.acked_ahead.into_iter().collect()),
-            None => (None, Index::default(), HashSet::new()),
-        };
+        let acked_ahead = start.acked_ahead.into_iter().collect();
         Self {
             spec,
             target: None,
-            index,
-            resume,
+            index: IndexView::new(start.index),
+            resume: start.resume,
             listed_once,
             synced: false,
             state: State::Discover,
@@ -164,6 +164,8 @@ impl Reflector {
         if change.as_ref().is_some_and(|c| c.origin == Origin::Resync) {
             self.metrics.resync_events.inc();
         }
+        // The index holds the change from now on (acknowledged or not).
+        self.index.emitted(self.seq, &effect);
         let item = Item { stream: self.spec.id, seq: self.seq, effect, change, delivered_before };
         self.seq += 1;
         self.tx.send(item).await.map_err(|_| Closed)

@@ -128,7 +128,7 @@ impl Reflector {
                 warn!(stream = %self.spec.name, "watch event for an object without uid/name/resourceVersion skipped");
                 continue;
             };
-            let watched = diff::watched(&mut self.index, &mut self.acked_ahead, verb, uid, entry);
+            let watched = diff::watched(&mut self.acked_ahead, verb, uid, entry);
             rv = watched.rv;
             // A change delivered before the restart is not sent again; it still goes to shaping
             // (its per-object state must follow the object).
