@@ -5,20 +5,11 @@ use kubecast_kit as common;
 
 use std::time::{Duration, Instant};
 
-use common::{Kubecast, TestNamespace, about, client, cm_config, create_cm};
+use common::{Kubecast, TestNamespace, about, client, create_cm};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(2);
-
-fn config(ns: &str, lease: &str) -> String {
-    cm_config(
-        ns,
-        &format!(
-            "[coordination]\nenabled = true\nlease_name = \"{lease}\"\nlease_namespace = \"{ns}\"\nlease_duration_seconds = 4\nrenew_deadline_seconds = 2\nretry_period_seconds = 1\n"
-        ),
-    )
-}
 
 fn has(kc: &Kubecast, subject: &str) -> bool {
     !about(&kc.events(), subject).is_empty()
@@ -28,7 +19,7 @@ fn has(kc: &Kubecast, subject: &str) -> bool {
 async fn one_of_two_publishes_and_the_standby_takes_over_when_the_leader_dies() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "lease").await;
-    let cfg = config(&ns.name, &common::unique("lease"));
+    let cfg = common::lease_cm_config(&ns.name, &common::unique("lease"));
     let mut a = Kubecast::start(&cfg);
     a.wait_log("holding the lease", 1).await;
     let mut b = Kubecast::start(&cfg);
@@ -75,7 +66,7 @@ async fn one_of_two_publishes_and_the_standby_takes_over_when_the_leader_dies() 
 async fn a_paused_leader_that_wakes_up_stops_and_publishes_at_most_what_it_read_meanwhile() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "lease-pause").await;
-    let cfg = config(&ns.name, &common::unique("lease"));
+    let cfg = common::lease_cm_config(&ns.name, &common::unique("lease"));
     let mut a = Kubecast::start(&cfg);
     a.wait_log("holding the lease", 1).await;
     a.wait_ready(200).await;

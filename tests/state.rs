@@ -259,15 +259,6 @@ async fn nats_corrupt_foreign_and_second_writers_are_refused() {
     refusals(Kind::Nats).await;
 }
 
-fn lease_config(ns: &str, lease: &str) -> String {
-    cm_config(
-        ns,
-        &format!(
-            "[coordination]\nenabled = true\nlease_name = \"{lease}\"\nlease_namespace = \"{ns}\"\nlease_duration_seconds = 4\nrenew_deadline_seconds = 2\nretry_period_seconds = 1\n"
-        ),
-    )
-}
-
 /// Two processes, one Lease, state in the broker. Under a steady 50 changes/s on 20 objects
 /// the leader is SIGKILLed: the standby continues from the stored state, and a consumer of
 /// both outputs that drops duplicates by id sees every change, deletes included, per object
@@ -277,7 +268,7 @@ async fn failover_loses_nothing(kind: Kind) {
     let ns = TestNamespace::new(&client, "state-failover").await;
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     let store = Store::new(kind, "kubecast-state");
-    let config = lease_config(&ns.name, &common::unique("lease"));
+    let config = common::lease_cm_config(&ns.name, &common::unique("lease"));
     let mut a = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
     a.wait_log("holding the lease", 1).await;
     a.wait_ready(200).await;
@@ -372,7 +363,7 @@ async fn paused_leader_never_moves_the_state(kind: Kind) {
     let client = common::client().await;
     let ns = TestNamespace::new(&client, "state-pause").await;
     let store = Store::new(kind, "kubecast-state");
-    let config = lease_config(&ns.name, &common::unique("lease"));
+    let config = common::lease_cm_config(&ns.name, &common::unique("lease"));
     let mut a = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
     a.wait_log("holding the lease", 1).await;
     a.wait_ready(200).await;

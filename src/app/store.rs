@@ -7,7 +7,6 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use rdkafka::ClientConfig;
-use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -17,7 +16,7 @@ use crate::state::StoreKind;
 use crate::state::store::file::FileStore;
 use crate::state::store::kafka::{KafkaStore, KafkaStoreConfig};
 use crate::state::store::nats::{NatsStore, NatsStoreConfig};
-use crate::state::store::{CheckpointError, Owner, Store, StreamKey};
+use crate::state::store::{CheckpointError, Owner, Store, StreamKey, short_hash};
 
 /// The uid of the `kube-system` namespace: what tells two clusters with one `[cluster] name`
 /// apart. `None` (with a warning) when it cannot be read.
@@ -50,8 +49,7 @@ pub fn transactional_id(config: &Config, keys: &[StreamKey]) -> String {
     }
     let mut ids: Vec<String> = keys.iter().map(StreamKey::id).collect();
     ids.sort();
-    let hash = Sha256::digest(ids.join(",").as_bytes());
-    let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let hex = short_hash(ids.join(",").as_bytes());
     format!("kubecast-state.{}.{hex}", config.cluster.name)
 }
 

@@ -29,7 +29,7 @@ mod stream;
 use std::sync::Arc;
 
 pub use error::CheckpointError;
-pub use stream::{Delta, Owner, StreamKey};
+pub use stream::{Delta, Owner, StreamKey, short_hash};
 
 use crate::model::Position;
 

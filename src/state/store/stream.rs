@@ -23,9 +23,7 @@ impl StreamKey {
     /// `configmap.core.v1.ns-shop.3f2a9c1b7d4e5f60`-style id: readable prefix, hash of the
     /// whole query (cluster name and selectors included).
     pub fn id(&self) -> String {
-        let json = serde_json::to_vec(self).expect("StreamKey serialises");
-        let hash = Sha256::digest(&json);
-        let hex: String = hash.iter().take(8).map(|b| format!("{b:02x}")).collect();
+        let hex = short_hash(&serde_json::to_vec(self).expect("StreamKey serialises"));
         let group = if self.group.is_empty() { "core" } else { &self.group };
         let scope = match &self.namespace {
             Some(ns) => format!("ns-{ns}"),
@@ -38,6 +36,11 @@ impl StreamKey {
     pub fn file_name(&self) -> String {
         format!("{}.json", self.id())
     }
+}
+
+/// The first 8 bytes of the SHA-256 of `bytes`, in hex: a name part that tells queries apart.
+pub fn short_hash(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().take(8).map(|b| format!("{b:02x}")).collect()
 }
 
 /// Who writes the store: stamped on every position record.

@@ -61,6 +61,17 @@ pub fn cm_config(ns: &str, cluster_extra: &str) -> String {
 }
 
 /// A unique name with a readable prefix.
+/// [`cm_config`] with `[coordination]` on Lease `lease` in `ns`, with short timings (lease 4 s,
+/// renew deadline 2 s, retry 1 s) so that takeovers happen within seconds.
+pub fn lease_cm_config(ns: &str, lease: &str) -> String {
+    cm_config(
+        ns,
+        &format!(
+            "[coordination]\nenabled = true\nlease_name = \"{lease}\"\nlease_namespace = \"{ns}\"\nlease_duration_seconds = 4\nrenew_deadline_seconds = 2\nretry_period_seconds = 1\n"
+        ),
+    )
+}
+
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);

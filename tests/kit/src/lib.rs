@@ -16,7 +16,7 @@ pub mod process;
 pub mod sink;
 
 pub use cluster::{
-    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, names,
+    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, lease_cm_config, names,
     unique, wait_until_expired,
 };
 pub use env::{Env, compacting_kubeconfig, compacting_up, env, env_file, env_up, env_var, kubeconfig, repo_root};
