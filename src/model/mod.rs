@@ -18,7 +18,7 @@ pub mod verb;
 pub use attributes::{AttributeValue, Attributes, ExtensionValue};
 pub use event::{Change, CloudEvent, EventError, EventSource};
 pub use fields::{Fields, TypeFields};
-pub use index::{Index, IndexEntry, ObjectIndex, UidSet};
+pub use index::{EntryRef, Index, IndexEntry, ObjectIndex, Rv, UidSet};
 pub use object::RawObject;
 pub use position::{Effect, IndexOp, Position};
 pub use problem::Problem;

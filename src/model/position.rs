@@ -1,18 +1,17 @@
 //! A stream's position: where its watch resumes and the index of the objects it has
 //! delivered, and the effect each item the reflector emits has on it once acknowledged.
 //!
-//! [`Position`] and [`Index`] are the plain forms the stores load and write; in memory a
-//! stream holds its index once, compact ([`ObjectIndex`], shared as a
-//! [`super::SharedIndex`]).
+//! The stores load a [`Position`] straight into the compact [`ObjectIndex`] a stream holds
+//! (once, shared as a [`super::SharedIndex`]): no plain copy of the index is made on the way.
 
-use super::index::{Index, IndexEntry, ObjectIndex};
+use super::index::{IndexEntry, ObjectIndex};
 
 /// The state a stream resumes from, as the stores load and write it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Position {
     /// Where to resume the watch; `None` until the first list completed and was acknowledged.
     pub resource_version: Option<String>,
-    pub objects: Index,
+    pub objects: ObjectIndex,
     /// `(uid, resourceVersion)` of changes after the resume point that were delivered and
     /// acknowledged already, out of order (behind an event still in flight when kubecast
     /// stopped): a resumed watch acknowledges them without sending them again.

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::store::{Delta, StreamKey};
-use crate::model::{Effect, ObjectIndex, Position, SharedIndex};
+use crate::model::{Effect, Position, SharedIndex};
 #[cfg(test)]
 use crate::model::{IndexEntry, IndexOp};
 
@@ -47,7 +47,7 @@ impl Watermark {
             next: 0,
             ahead: BTreeMap::new(),
             resource_version: start.resource_version,
-            index: SharedIndex::new(ObjectIndex::from(start.objects)),
+            index: SharedIndex::new(start.objects),
             changed: Uids::default(),
             dirty: false,
         }
@@ -85,7 +85,7 @@ impl Watermark {
     pub fn committed(&self) -> Position {
         Position {
             resource_version: self.resource_version.clone(),
-            objects: self.index.lock().objects.to_index(),
+            objects: self.index.lock().objects.clone(),
             acked_ahead: Vec::new(),
         }
     }
@@ -111,13 +111,14 @@ impl Watermark {
         let acked = self.index.lock();
         for uid in self.changed.drain() {
             match acked.objects.get(&uid) {
-                Some(e) if !full => d.upserts.push((uid, e.to_entry())),
+                Some(e) if !full => d.upserts.insert_ref(&uid, e),
                 Some(_) => {}
                 None => d.removes.push(uid),
             }
         }
         if full {
-            d.upserts = acked.objects.iter().map(|(u, e)| (u.to_string(), e.to_entry())).collect();
+            // A copy of the compact index (its slots and name arena), not of its strings.
+            d.upserts = acked.objects.clone();
         }
         Some(d)
     }
@@ -125,7 +126,7 @@ impl Watermark {
     /// A write of `d` failed: what it carried is to be written again.
     pub fn restore(&mut self, d: &Delta) {
         self.dirty = true;
-        self.changed.extend(d.upserts.iter().map(|(u, _)| u.clone()));
+        self.changed.extend(d.upserts.iter().map(|(u, _)| u.to_string()));
         self.changed.extend(d.removes.iter().cloned());
     }
 }
@@ -221,7 +222,7 @@ mod tests {
         assert_eq!((acked.applied, acked.objects.len()), (0, 1), "item 0 is not acked yet");
         drop(acked);
         wm.ack(0, Effect::Watched { op: IndexOp::Remove("z".into()), rv: "10".into() });
-        let committed = wm.committed().objects;
+        let committed = wm.committed().objects.to_index();
         let acked = shared.lock();
         assert_eq!(acked.applied, 2);
         assert_eq!(acked.objects.to_index(), committed);
@@ -234,7 +235,7 @@ mod tests {
         let mut wm = Watermark::new(Position { resource_version: Some("5".into()), ..Default::default() });
         wm.ack(0, Effect::Diffed(IndexOp::Upsert("a".into(), entry("20"))));
         assert_eq!(wm.committed().resource_version.as_deref(), Some("5"));
-        assert_eq!(wm.committed().objects["a"], entry("20"), "the index changes at once");
+        assert_eq!(wm.committed().objects.to_index()["a"], entry("20"), "the index changes at once");
         wm.ack(1, Effect::Listed { rv: "21".into() });
         assert_eq!(wm.committed().resource_version.as_deref(), Some("21"));
         assert_eq!(wm.committed().objects.len(), 1);
@@ -262,11 +263,10 @@ mod tests {
         assert!(d.upserts.is_empty() && d.removes.is_empty());
         assert_eq!(d.acked_ahead, vec![("b".to_string(), "11".to_string()), ("c".to_string(), "12".to_string())]);
         cp.ack(0, Effect::Watched { op: IndexOp::Upsert("a".into(), entry("10")), rv: "10".into() });
-        let mut d = cp.take(false).unwrap();
-        d.upserts.sort_by(|x, y| x.0.cmp(&y.0));
+        let d = cp.take(false).unwrap();
         assert!(d.acked_ahead.is_empty(), "all in the prefix now");
         assert_eq!(d.resource_version.as_deref(), Some("12"));
-        assert_eq!(d.upserts, vec![("a".to_string(), entry("10")), ("b".to_string(), entry("11"))]);
+        assert_eq!(d.upserts.to_index(), plain(&[("a", entry("10")), ("b", entry("11"))]));
         assert_eq!(d.removes, vec!["c".to_string()]);
         // A failed write is written again.
         cp.restore(&d);
@@ -276,7 +276,7 @@ mod tests {
         cp.ack(3, Effect::Diffed(IndexOp::Upsert("b".into(), entry("20"))));
         cp.ack(4, Effect::Listed { rv: "21".into() });
         let d = cp.take(false).unwrap();
-        assert_eq!(d.upserts, vec![("b".to_string(), entry("20"))]);
+        assert_eq!(d.upserts.to_index(), plain(&[("b", entry("20"))]));
         assert!(d.removes.is_empty());
         assert_eq!(d.resource_version.as_deref(), Some("21"));
         let d = {
@@ -284,5 +284,9 @@ mod tests {
             cp.take(true).unwrap()
         };
         assert!(d.full && d.upserts.len() == 2, "a full write carries the whole index");
+    }
+
+    fn plain(entries: &[(&str, IndexEntry)]) -> crate::model::Index {
+        entries.iter().map(|(u, e)| (u.to_string(), e.clone())).collect()
     }
 }

@@ -115,9 +115,9 @@ async fn out_of_order_acks_never_move_the_checkpoint_past_a_job_in_flight() {
     let committed = h.committed();
     assert_eq!(committed.resource_version.as_deref(), Some("15"));
     assert_eq!(committed.objects.len(), 3);
-    assert_eq!(committed.objects["a"], entry("a", 14));
-    assert_eq!(committed.objects["b"], entry("b", 13));
-    assert_eq!(committed.objects["c"], entry("c", 15));
+    assert_eq!(committed.objects.to_index()["a"], entry("a", 14));
+    assert_eq!(committed.objects.to_index()["b"], entry("b", 13));
+    assert_eq!(committed.objects.to_index()["c"], entry("c", 15));
     assert!(h.persist());
     let stored = h.store.load(&h.key).unwrap().expect("written");
     assert!(stored.acked_ahead.is_empty(), "all in the prefix now");
@@ -214,7 +214,7 @@ async fn a_permanent_failure_is_dead_lettered_and_the_object_goes_on() {
     assert_eq!(accepted, [a2, b1]);
     assert_eq!(h.acked_events(), 3);
     assert_eq!(h.committed().resource_version.as_deref(), Some("3"));
-    assert_eq!(h.committed().objects["a"], entry("a", 2));
+    assert_eq!(h.committed().objects.to_index()["a"], entry("a", 2));
 }
 
 /// `[delivery.dead_letter] type = "stop"`: a permanent failure ends the queue with

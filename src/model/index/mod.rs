@@ -157,15 +157,25 @@ impl ObjectIndex {
 
     /// Holds `entry` for `uid` (replacing what it held).
     pub fn insert(&mut self, uid: &str, entry: &IndexEntry) {
+        self.insert_ref(uid, EntryRef::from(entry));
+    }
+
+    /// Holds `entry` for `uid` (replacing what it held), copying only what it keeps: an entry
+    /// read from another index costs no allocation when it fits a slot.
+    pub fn insert_ref(&mut self, uid: &str, entry: EntryRef<'_>) {
         let key = parse_uuid(uid);
-        if let (Some(key), Some(rv)) = (key, parse_rv(&entry.resource_version)) {
+        let rv = match entry.resource_version {
+            Rv::Number(n) => Some(n),
+            Rv::Text(t) => parse_rv(t),
+        };
+        if let (Some(key), Some(rv)) = (key, rv) {
             if !self.loose.is_empty() {
                 self.loose.remove(uid);
             }
             if let Some(slot) = self.find(&key) {
                 let held = &self.slots[slot];
                 if self.names.get(held.name_at, held.name_len) == entry.name
-                    && self.namespaces.get(held.namespace) == entry.namespace.as_deref()
+                    && self.namespaces.get(held.namespace) == entry.namespace
                 {
                     self.slots[slot].rv = rv.to_le_bytes();
                     return;
@@ -179,7 +189,7 @@ impl ObjectIndex {
         } else if let Some(key) = key {
             self.remove_slot(&key);
         }
-        self.loose.insert(uid.into(), entry.clone());
+        self.loose.insert(uid.into(), entry.to_entry());
     }
 
     /// Removes `uid`; its entry, if it was held.
@@ -225,14 +235,14 @@ impl ObjectIndex {
     }
 
     /// A new slot for `key`; `false` (nothing changed) when the entry does not fit one.
-    fn push_slot(&mut self, key: [u8; 16], rv: u64, entry: &IndexEntry) -> bool {
+    fn push_slot(&mut self, key: [u8; 16], rv: u64, entry: EntryRef<'_>) -> bool {
         let Ok(number) = u32::try_from(self.slots.len()) else { return false };
-        let Some(namespace) = self.namespaces.acquire(entry.namespace.as_deref()) else { return false };
-        let name = match self.names.push(&entry.name) {
+        let Some(namespace) = self.namespaces.acquire(entry.namespace) else { return false };
+        let name = match self.names.push(entry.name) {
             Some(at) => Some(at),
             None => {
                 self.compact_names();
-                self.names.push(&entry.name)
+                self.names.push(entry.name)
             }
         };
         let Some((name_at, name_len)) = name else {

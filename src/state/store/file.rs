@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::error::CheckpointError;
 use super::record::check_cluster;
 use super::stream::{Delta, Owner, StreamKey};
-use crate::model::{Index, IndexEntry, Position};
+use crate::model::{EntryRef, IndexEntry, ObjectIndex, Position, Rv};
 
 /// Version of the snapshot format this build writes (it reads 1 too: no journal then).
 pub const FORMAT_VERSION: u32 = 2;
@@ -39,32 +39,142 @@ const MIN_COMPACTION_BYTES: u64 = 64 * 1024;
 /// `[uid, namespace, name, resourceVersion]`; namespace `""` for cluster-scoped objects.
 type Row = (String, String, String, String);
 
-#[derive(Serialize, Deserialize)]
+/// A snapshot as read: its rows go straight into the compact index, one at a time.
+#[derive(Deserialize)]
 struct Snapshot {
-    version: u32,
     stream: StreamKey,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     cluster_uid: Option<String>,
     /// The last journal sequence number included (version 1: none, 0).
     #[serde(default)]
     seq: u64,
     resource_version: Option<String>,
-    objects: Vec<Row>,
+    objects: Rows,
     /// `[uid, resourceVersion]` of changes acknowledged out of order (see `Position`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     acked_ahead: Vec<(String, String)>,
 }
 
-#[derive(Serialize, Deserialize)]
+/// A snapshot as written: its rows are read from the compact index as they are written.
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    version: u32,
+    stream: &'a StreamKey,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster_uid: Option<&'a str>,
+    seq: u64,
+    resource_version: Option<&'a str>,
+    objects: RowsOut<'a>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    acked_ahead: &'a [(String, String)],
+}
+
+#[derive(Deserialize)]
 struct JournalLine {
     seq: u64,
     resource_version: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     acked_ahead: Vec<(String, String)>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     upserts: Vec<Row>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     removes: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct JournalLineOut<'a> {
+    seq: u64,
+    resource_version: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    acked_ahead: &'a [(String, String)],
+    #[serde(skip_serializing_if = "RowsOut::is_empty")]
+    upserts: RowsOut<'a>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    removes: &'a [String],
+}
+
+/// The rows of a snapshot, read into an index without a list of rows in between.
+#[derive(Default)]
+struct Rows(ObjectIndex);
+
+impl<'de> Deserialize<'de> for Rows {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Rows;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of [uid, namespace, name, resourceVersion]")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Rows, A::Error> {
+                let mut index = ObjectIndex::new();
+                while let Some((uid, ns, name, rv)) = seq.next_element::<Row>()? {
+                    let entry = EntryRef {
+                        namespace: (!ns.is_empty()).then_some(ns.as_str()),
+                        name: &name,
+                        resource_version: Rv::Text(&rv),
+                    };
+                    index.insert_ref(&uid, entry);
+                }
+                Ok(Rows(index))
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
+}
+
+/// An index written as rows, straight from its compact form.
+struct RowsOut<'a>(&'a ObjectIndex);
+
+impl RowsOut<'_> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl Serialize for RowsOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeSeq, SerializeTuple};
+        /// One row, its uid and resourceVersion formatted as they are written.
+        struct RowOut<'a>(crate::model::index::UidRef<'a>, EntryRef<'a>);
+        impl Serialize for RowOut<'_> {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                struct Text<T>(T);
+                impl<T: std::fmt::Display> Serialize for Text<T> {
+                    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                        s.collect_str(&self.0)
+                    }
+                }
+                let mut t = s.serialize_tuple(4)?;
+                t.serialize_element(&Text(self.0))?;
+                t.serialize_element(self.1.namespace.unwrap_or(""))?;
+                t.serialize_element(self.1.name)?;
+                t.serialize_element(&Text(self.1.resource_version))?;
+                t.end()
+            }
+        }
+        let mut seq = s.serialize_seq(Some(self.0.len()))?;
+        for (uid, e) in self.0.iter() {
+            seq.serialize_element(&RowOut(uid, e))?;
+        }
+        seq.end()
+    }
+}
+
+/// Counts the bytes written through it (the snapshot's size, without a copy of it in memory).
+struct Counted<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 /// Per stream: what the store knows of its files.
@@ -86,10 +196,6 @@ pub struct FileStore {
     written: Arc<std::sync::atomic::AtomicU64>,
     /// Holds an exclusive `flock` on [`LOCK_FILE`].
     _lock: Arc<fs::File>,
-}
-
-fn row(uid: &str, e: &IndexEntry) -> Row {
-    (uid.to_string(), e.namespace.clone().unwrap_or_default(), e.name.clone(), e.resource_version.clone())
 }
 
 fn entry((uid, ns, name, rv): Row) -> (String, IndexEntry) {
@@ -190,7 +296,7 @@ impl FileStore {
         check_cluster("checkpoint", &path.display().to_string(), snap.cluster_uid.as_deref(), &self.owner)?;
         let mut position = Position {
             resource_version: snap.resource_version,
-            objects: snap.objects.into_iter().map(entry).collect::<Index>(),
+            objects: snap.objects.0,
             acked_ahead: snap.acked_ahead,
         };
         let (journal, last) = self.replay(key, snap.seq, &mut position)?;
@@ -238,7 +344,7 @@ impl FileStore {
             }
             last = l.seq;
             for (uid, e) in l.upserts.into_iter().map(entry) {
-                position.objects.insert(uid, e);
+                position.objects.insert(&uid, &e);
             }
             for uid in l.removes {
                 position.objects.remove(&uid);
@@ -262,27 +368,24 @@ impl FileStore {
         let mut f = self.files(key);
         let seq = f.next_seq.max(1);
         if delta.full || f.snapshot.is_none() {
-            let objects = if delta.full {
-                delta.upserts.iter().map(|(u, e)| row(u, e)).collect()
-            } else {
+            if !delta.full {
                 // Never happens in practice (the first write is full); keep it correct anyway.
                 return Err(CheckpointError::Write {
                     path: self.path(key),
                     cause: std::io::Error::other("the first write of a stream must be a full one"),
                 });
-            };
-            let snap = Snapshot {
+            }
+            let snap = SnapshotOut {
                 version: FORMAT_VERSION,
-                stream: key.clone(),
-                cluster_uid: self.owner.cluster_uid.clone(),
+                stream: key,
+                cluster_uid: self.owner.cluster_uid.as_deref(),
                 seq,
-                resource_version: delta.resource_version.clone(),
-                objects,
-                acked_ahead: delta.acked_ahead.clone(),
+                resource_version: delta.resource_version.as_deref(),
+                objects: RowsOut(&delta.upserts),
+                acked_ahead: &delta.acked_ahead,
             };
-            let bytes = serde_json::to_vec(&snap).expect("snapshot serialises");
-            self.write_snapshot(key, &bytes)?;
-            self.written.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            let size = self.write_snapshot(key, &snap)?;
+            self.written.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
             // The journal's lines are all older than the snapshot now.
             let jpath = self.journal_path(key);
             if f.journal > 0 || jpath.exists() {
@@ -290,14 +393,14 @@ impl FileStore {
                 let j = fs::OpenOptions::new().write(true).create(true).truncate(false).open(&jpath).map_err(werr)?;
                 j.set_len(0).and_then(|()| j.sync_all()).map_err(werr)?;
             }
-            f = Files { snapshot: Some(bytes.len() as u64), journal: 0, next_seq: seq + 1 };
+            f = Files { snapshot: Some(size), journal: 0, next_seq: seq + 1 };
         } else {
-            let line = JournalLine {
+            let line = JournalLineOut {
                 seq,
-                resource_version: delta.resource_version.clone(),
-                acked_ahead: delta.acked_ahead.clone(),
-                upserts: delta.upserts.iter().map(|(u, e)| row(u, e)).collect(),
-                removes: delta.removes.clone(),
+                resource_version: delta.resource_version.as_deref(),
+                acked_ahead: &delta.acked_ahead,
+                upserts: RowsOut(&delta.upserts),
+                removes: &delta.removes,
             };
             let mut bytes = serde_json::to_vec(&line).expect("journal line serialises");
             bytes.push(b'\n');
@@ -317,20 +420,23 @@ impl FileStore {
         Ok(())
     }
 
-    /// Temp file, fsync, rename, fsync of the directory.
-    fn write_snapshot(&self, key: &StreamKey, bytes: &[u8]) -> Result<(), CheckpointError> {
+    /// Temp file (written as it is serialised), fsync, rename, fsync of the directory; the
+    /// snapshot's size.
+    fn write_snapshot(&self, key: &StreamKey, snap: &SnapshotOut<'_>) -> Result<u64, CheckpointError> {
         let path = self.path(key);
         let tmp = path.with_extension("json.tmp");
         let werr = |cause| CheckpointError::Write { path: path.clone(), cause };
-        let mut f = fs::File::create(&tmp).map_err(werr)?;
-        f.write_all(bytes).map_err(werr)?;
+        let f = fs::File::create(&tmp).map_err(werr)?;
+        let mut out = Counted { inner: std::io::BufWriter::with_capacity(256 * 1024, f), bytes: 0 };
+        serde_json::to_writer(&mut out, snap).map_err(|e| werr(e.into()))?;
+        let f = out.inner.into_inner().map_err(|e| werr(e.into_error()))?;
         f.sync_all().map_err(werr)?;
         drop(f);
         fs::rename(&tmp, &path).map_err(werr)?;
         if let Ok(d) = fs::File::open(&self.dir) {
             let _ = d.sync_all();
         }
-        Ok(())
+        Ok(out.bytes)
     }
 }
 

@@ -134,8 +134,8 @@ impl KafkaStore {
         let mut records: Vec<(String, Option<Vec<u8>>)> = Vec::new();
         for (key, d) in deltas {
             let id = key.id();
-            for (uid, e) in &d.upserts {
-                records.push((object_key(&id, uid), Some(encode_object(e))));
+            for (uid, e) in d.upserts.iter() {
+                records.push((object_key(&id, &uid.to_string()), Some(encode_object(e))));
             }
             for uid in &d.removes {
                 records.push((object_key(&id, uid), None));

@@ -251,7 +251,11 @@ impl NatsStore {
         for (key, d) in deltas {
             let id = key.id();
             let mut ops: Vec<(String, Option<Bytes>)> = Vec::with_capacity(d.upserts.len() + d.removes.len());
-            ops.extend(d.upserts.iter().map(|(uid, e)| (object_key(&id, uid), Some(Bytes::from(encode_object(e))))));
+            ops.extend(
+                d.upserts
+                    .iter()
+                    .map(|(uid, e)| (object_key(&id, &uid.to_string()), Some(Bytes::from(encode_object(e))))),
+            );
             ops.extend(d.removes.iter().map(|uid| (object_key(&id, uid), None)));
             let position = Bytes::from(
                 PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead).encode(),

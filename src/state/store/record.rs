@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::CheckpointError;
 use super::stream::{Owner, StreamKey};
-use crate::model::{Index, IndexEntry, Position};
+use crate::model::{EntryRef, ObjectIndex, Position, Rv};
 
 /// Format of the position record this build writes and reads.
 pub const RECORD_FORMAT: u32 = 1;
@@ -69,8 +69,8 @@ impl PositionRecord {
     }
 }
 
-pub fn encode_object(e: &IndexEntry) -> Vec<u8> {
-    serde_json::to_vec(&(e.namespace.as_deref().unwrap_or(""), &e.name, &e.resource_version))
+pub fn encode_object(e: EntryRef<'_>) -> Vec<u8> {
+    serde_json::to_vec(&(e.namespace.unwrap_or(""), e.name, e.resource_version.to_string()))
         .expect("index record serialises")
 }
 
@@ -83,7 +83,7 @@ pub struct Loader<'a> {
     ids: HashMap<String, usize>,
     keys: &'a [StreamKey],
     positions: Vec<Option<PositionRecord>>,
-    indexes: Vec<Index>,
+    indexes: Vec<ObjectIndex>,
 }
 
 impl<'a> Loader<'a> {
@@ -94,7 +94,7 @@ impl<'a> Loader<'a> {
             ids: keys.iter().enumerate().map(|(i, k)| (k.id(), i)).collect(),
             keys,
             positions: vec![None; keys.len()],
-            indexes: vec![Index::default(); keys.len()],
+            indexes: vec![ObjectIndex::default(); keys.len()],
         }
     }
 
@@ -153,8 +153,12 @@ impl<'a> Loader<'a> {
                 if name.is_empty() || rv.is_empty() {
                     return Err(self.corrupt(key, "empty name or resourceVersion"));
                 }
-                let entry = IndexEntry { namespace: (!ns.is_empty()).then_some(ns), name, resource_version: rv };
-                self.indexes[slot].insert(uid.to_string(), entry);
+                let entry = EntryRef {
+                    namespace: (!ns.is_empty()).then_some(ns.as_str()),
+                    name: &name,
+                    resource_version: Rv::Text(&rv),
+                };
+                self.indexes[slot].insert_ref(uid, entry);
             }
             (Rest::Unknown, _) => return Err(self.corrupt(key, "not a kubecast state key")),
         }
@@ -227,6 +231,7 @@ fn split_key<'k>(key: &'k str, ids: &HashMap<String, usize>) -> Option<(usize, R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{Index, IndexEntry};
     use proptest::prelude::*;
 
     fn key(kind: &str) -> StreamKey {
@@ -278,7 +283,7 @@ mod tests {
         // Another stream's records are not ours.
         l.apply(&object_key(&key("StatefulSet").id(), "u"), Some(b"{")).unwrap();
         let mut l = Loader::new("test", &keys, &mine);
-        l.apply(&object_key(&k.id(), "u"), Some(&encode_object(&entry("1")))).unwrap();
+        l.apply(&object_key(&k.id(), "u"), Some(&encode_object((&entry("1")).into()))).unwrap();
         assert!(l.finish().unwrap_err().to_string().contains("no position record"));
     }
 
@@ -300,7 +305,7 @@ mod tests {
                 match rv {
                     Some(rv) => {
                         let e = entry(&rv.to_string());
-                        l.apply(&object_key(&k.id(), &uid), Some(&encode_object(&e))).unwrap();
+                        l.apply(&object_key(&k.id(), &uid), Some(&encode_object((&e).into()))).unwrap();
                         model.insert(uid, e);
                     }
                     None => {
@@ -311,7 +316,7 @@ mod tests {
             }
             l.apply(&position_key(&k.id()), Some(&PositionRecord::new(k, &me, Some("7"), &[("a".into(), "8".into())]).encode())).unwrap();
             let pos = l.finish().unwrap().remove(0).unwrap();
-            prop_assert_eq!(pos.objects, model);
+            prop_assert_eq!(pos.objects.to_index(), model);
             prop_assert_eq!(pos.resource_version.as_deref(), Some("7"));
             prop_assert_eq!(pos.acked_ahead, vec![("a".to_string(), "8".to_string())]);
         }

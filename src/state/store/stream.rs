@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::model::IndexEntry;
+use crate::model::ObjectIndex;
 
 /// The identity of a stream: exactly the query it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,8 +57,9 @@ pub struct Owner {
 /// What changed in a stream's position since its last write.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Delta {
-    /// Index entries added or changed.
-    pub upserts: Vec<(String, IndexEntry)>,
+    /// Index entries added or changed (compact: a first write after a list carries every
+    /// object, at the index's own few dozen bytes each).
+    pub upserts: ObjectIndex,
     /// Index entries removed.
     pub removes: Vec<String>,
     /// `upserts` is the whole index (the file store's compaction; `removes` then only says

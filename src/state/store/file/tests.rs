@@ -57,10 +57,10 @@ fn snapshot_then_journal_round_trip_and_identity() {
     let store = FileStore::open(dir.path(), me()).unwrap();
     let p = store.load(&k).unwrap().unwrap();
     assert_eq!(p.resource_version.as_deref(), Some("13"));
-    let mut want = Index::default();
+    let mut want = crate::model::Index::default();
     want.insert("u2".into(), e("b", "13"));
     want.insert("u3".into(), e("c", "12"));
-    assert_eq!(p.objects, want);
+    assert_eq!(p.objects.to_index(), want);
     assert_eq!(fs::metadata(store.path(&k)).unwrap().len(), snapshot_len, "loading writes nothing");
     // Another selector is another stream: no checkpoint.
     assert_eq!(store.load(&key(Some("shop"), "app=y")).unwrap(), None);
@@ -110,7 +110,7 @@ fn compaction_writes_a_snapshot_and_older_journal_lines_are_skipped() {
     assert_eq!(fs::metadata(store.journal_path(&k)).unwrap().len(), 0, "emptied after the snapshot");
     fs::write(store.journal_path(&k), old_journal).unwrap();
     let p = store.load(&k).unwrap().unwrap();
-    assert_eq!(p.objects["u1"].resource_version, rv.to_string(), "older lines do not go back in time");
+    assert_eq!(p.objects.to_index()["u1"].resource_version, rv.to_string(), "older lines do not go back in time");
 }
 
 #[test]
