@@ -87,6 +87,7 @@ impl Place {
                     topic: self.name.clone(),
                     create_topic: true,
                     transactional_id: self.name.clone(),
+                    exactly_once: false,
                 };
                 Store::Kafka(Arc::new(KafkaStore::open(cfg, owner).await?))
             }

@@ -73,8 +73,14 @@ pub async fn open(
                     topic: c.kafka.topic.clone(),
                     create_topic: c.kafka.create_topic,
                     transactional_id: transactional_id(config, keys),
+                    exactly_once: sink.kafka().is_some_and(|k| k.exactly_once()),
                 };
-                KafkaStore::open(cfg, owner.clone()).await.map(|s| Store::Kafka(s.into()))
+                KafkaStore::open(cfg, owner.clone()).await.map(|s| {
+                    if let Some(k) = sink.kafka().filter(|k| k.exactly_once()) {
+                        k.attach(s.transaction().clone());
+                    }
+                    Store::Kafka(s.into())
+                })
             }
             StoreKind::Nats => {
                 let client = match (&c.nats.url, sink.nats()) {

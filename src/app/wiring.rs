@@ -192,6 +192,7 @@ impl Pipeline {
             capacity: d.queue_capacity,
             checkpoints: self.checkpoints.clone(),
             metrics: self.metrics.clone(),
+            gate: self.store().gate(),
         };
         let queue = tokio::spawn(async move { queue.run(jobs_rx).await });
         Downstream { shaper, queue, persister: Some(persister) }

@@ -117,6 +117,8 @@ impl Config {
 
     /// A broker store needs a connection: the sink's, or its own.
     fn store_problems(&self) -> Vec<Problem> {
+        /// With exactly-once, the commit interval's upper bound (the transaction times out at 60 s).
+        const MAX_COMMIT_INTERVAL_MS: u64 = 30_000;
         use crate::state::StoreKind;
         let c = &self.checkpoint;
         let mut out = Vec::new();
@@ -140,6 +142,34 @@ impl Config {
                     "set sink.nats.jetstream = true (the bucket is a JetStream stream), or checkpoint.nats.url",
                 )),
             _ => {}
+        }
+        if let Some(k) = self.sink.kafka.as_ref().filter(|k| k.exactly_once && self.sink.kind == SinkType::Kafka) {
+            if c.store != StoreKind::Kafka {
+                out.push(Problem::new(
+                    "sink.kafka.exactly_once",
+                    format!(
+                        "needs the state in the sink's Kafka cluster, but checkpoint.store is \"{}\": events and state can only be committed in one Kafka transaction",
+                        c.store
+                    ),
+                    "set checkpoint.store = \"kafka\"",
+                ));
+            } else if c.kafka.brokers.as_ref().is_some_and(|b| b != &k.brokers) {
+                out.push(Problem::new(
+                    "sink.kafka.exactly_once",
+                    "needs the state in the sink's Kafka cluster, but checkpoint.kafka.brokers names other brokers",
+                    "remove checkpoint.kafka.brokers (the store then uses the sink's connection)",
+                ));
+            }
+            if c.flush_interval_ms > MAX_COMMIT_INTERVAL_MS {
+                out.push(Problem::new(
+                    "checkpoint.flush_interval_ms",
+                    format!(
+                        "is {} ms; with sink.kafka.exactly_once it is the transaction's commit interval, which must stay well under the producer's 60 s transaction timeout",
+                        c.flush_interval_ms
+                    ),
+                    format!("set at most {MAX_COMMIT_INTERVAL_MS}"),
+                ));
+            }
         }
         out
     }

@@ -23,6 +23,7 @@ use tracing::warn;
 
 use super::dead_letter::DeadLetter;
 pub use super::error::DeliveryError;
+use super::gate::{Gate, Pass};
 use super::retry::RetryPolicy;
 use crate::model::{Effect, Verb};
 use crate::observe::metrics::StreamMetrics;
@@ -56,6 +57,9 @@ pub struct Queue {
     pub checkpoints: Vec<Arc<StreamCheckpoint>>,
     /// Per stream, as `checkpoints`.
     pub metrics: Vec<Arc<StreamMetrics>>,
+    /// Exactly-once into Kafka: each event holds a pass from before its send until its
+    /// acknowledgement (a commit seals the gate).
+    pub gate: Option<Arc<Gate>>,
 }
 
 impl Queue {
@@ -104,7 +108,7 @@ impl Queue {
                 accepting = true;
             }
             tokio::select! {
-                Some((job, result)) = in_flight.next() => {
+                Some((job, result, pass)) = in_flight.next() => {
                     held -= 1;
                     result?;
                     let key = slot(job.msg.as_ref().expect("sent jobs have events").key());
@@ -118,6 +122,7 @@ impl Queue {
                         }
                     }
                     self.ack(job);
+                    drop(pass);
                 }
                 taken = rx.recv_many(&mut batch, self.capacity - held), if input_open && accepting => {
                     if taken == 0 {
@@ -149,11 +154,19 @@ impl Queue {
         self.checkpoints[job.stream].ack(job.seq, job.effect);
     }
 
-    fn deliver(&self, job: Job) -> impl Future<Output = (Job, Result<(), DeliveryError>)> + Send + 'static {
+    fn deliver(
+        &self,
+        job: Job,
+    ) -> impl Future<Output = (Job, Result<(), DeliveryError>, Option<Pass>)> + Send + 'static {
         let (sink, limiter, retry, dead_letter) =
             (self.sink.clone(), self.limiter.clone(), self.retry, self.dead_letter.clone());
         let metrics = self.metrics[job.stream].clone();
+        let gate = self.gate.clone();
         async move {
+            let pass = match &gate {
+                Some(g) => Some(g.pass().await),
+                None => None,
+            };
             let send = Attempt {
                 sink: &sink,
                 limiter: limiter.as_ref(),
@@ -165,7 +178,7 @@ impl Queue {
                 verb: job.verb.index(),
             };
             let result = send_with_retries(&send).await;
-            (job, result)
+            (job, result, pass)
         }
     }
 }

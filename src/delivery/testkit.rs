@@ -116,6 +116,7 @@ impl Harness {
             capacity: cfg.queue_capacity,
             checkpoints: vec![checkpoint.clone()],
             metrics: vec![metrics.clone()],
+            gate: None,
         });
         Self { queue, stub, checkpoint, store, key, metrics, dead_letter, _dir: dir }
     }

@@ -15,7 +15,14 @@ use crate::observe::metrics::StreamMetrics;
 
 /// Writes every position that changed since its last write, in one store write. On error
 /// nothing is lost: what it carried is written again next time.
+///
+/// Exactly-once into Kafka: the gate is sealed first (no event between its send and its
+/// acknowledgement), so the positions taken cover exactly the events the write commits.
 pub async fn write_changed(store: &Store, checkpoints: &[Arc<StreamCheckpoint>]) -> Result<usize, CheckpointError> {
+    let _sealed = match store.gate() {
+        Some(gate) => Some(gate.seal().await),
+        None => None,
+    };
     let mut deltas = Vec::new();
     let mut which = Vec::new();
     for (i, cp) in checkpoints.iter().enumerate() {
@@ -48,10 +55,13 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // When the checkpoints were last known to be stored as they are in memory.
     let mut current_at = std::time::Instant::now();
+    let soon = store.commit_soon().unwrap_or_default();
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             _ = tick.tick() => {}
+            // Exactly-once: the open transaction holds many events; commit it now.
+            _ = soon.notified() => {}
         }
         match write_changed(&store, &checkpoints).await {
             Ok(_) => current_at = std::time::Instant::now(),

@@ -16,6 +16,7 @@ use tracing::{debug, error, info, warn};
 
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::{clean_topic_part, encode};
+use super::transaction::{Record, Transaction};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
 use crate::sink::template::Template;
@@ -62,6 +63,10 @@ pub struct KafkaSink {
     mode: Mode,
     tombstones: bool,
     connected: Arc<AtomicBool>,
+    exactly_once: bool,
+    /// Exactly-once: the state store's transaction, set once the store is open (no event is
+    /// sent before).
+    transaction: std::sync::OnceLock<Arc<Transaction>>,
 }
 
 impl KafkaSink {
@@ -97,6 +102,8 @@ impl KafkaSink {
             mode: cfg.mode,
             tombstones: cfg.tombstones,
             connected,
+            exactly_once: cfg.exactly_once,
+            transaction: std::sync::OnceLock::new(),
         })
     }
 
@@ -104,6 +111,18 @@ impl KafkaSink {
     /// store connects with them too.
     pub fn client_config(&self) -> &ClientConfig {
         &self.config
+    }
+
+    /// `[sink.kafka] exactly_once`.
+    pub fn exactly_once(&self) -> bool {
+        self.exactly_once
+    }
+
+    /// Exactly-once: from now on, events go into `txn` (the state store's).
+    pub fn attach(&self, txn: Arc<Transaction>) {
+        if self.transaction.set(txn).is_err() {
+            warn!("the Kafka sink's transaction was already set; keeping the first");
+        }
     }
 
     /// Whether the brokers are reachable (set by errors, deliveries and [`KafkaSink::probe`]).
@@ -151,6 +170,18 @@ impl KafkaSink {
         payload: Option<&[u8]>,
         headers: OwnedHeaders,
     ) -> Result<(), SendError> {
+        if self.exactly_once {
+            let Some(txn) = self.transaction.get() else {
+                return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
+            };
+            let record = Record {
+                topic: topic.to_string(),
+                key: key.to_string(),
+                payload: payload.map(<[u8]>::to_vec),
+                headers: Some(headers),
+            };
+            return txn.send(record).await.map_err(|e| SendError::Permanent(e.to_string()));
+        }
         let record = |headers: Option<OwnedHeaders>| {
             let r = FutureRecord::<str, [u8]>::to(topic).key(key);
             let r = match headers {

@@ -35,6 +35,11 @@ pub struct KafkaConfig {
     /// Also write a null-value record (a tombstone for compacted topics) after each `deleted`.
     #[serde(default)]
     pub tombstones: bool,
+    /// Events and the state that advances past them in one Kafka transaction (needs
+    /// `[checkpoint] store = "kafka"` on this cluster): `read_committed` consumers see each
+    /// change once, no dedupe needed.
+    #[serde(default)]
+    pub exactly_once: bool,
     /// Passed to librdkafka as they are (TLS, SASL, compression, linger...). A value
     /// `${env:NAME}` or `${file:/path}` is read from that variable or file (secrets).
     #[serde(default)]

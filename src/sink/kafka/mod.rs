@@ -7,10 +7,14 @@
 //! header), structured mode as an option (value = the JSON event, `content-type:
 //! application/cloudevents+json; charset=UTF-8`). The record key is `partitionkey` (the uid),
 //! so the events of one object stay in one partition, in order.
+//!
+//! With `exactly_once = true` the events go into the Kafka state store's producer
+//! transaction (`transaction.rs`) instead, committed with the state that advances past them.
 
 mod client;
 mod config;
 mod encode;
+pub mod transaction;
 
 pub use client::{KafkaContext, KafkaSink};
 pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode};

@@ -7,7 +7,9 @@
 //! partitioned old leader can never move the state again. Then the topic is read to its end
 //! with `read_committed`, so only committed writes count. Each write (all streams' deltas of
 //! one flush) is one transaction: the position and the index changes of a flush are visible
-//! together or not at all. The next issue (exactly-once) adds the events to that transaction.
+//! together or not at all. With `[sink.kafka] exactly_once` the sink's events are in that
+//! transaction too (`sink/kafka/transaction.rs`): the transaction stays open between writes,
+//! and each write commits the events sent since the last one with the state that covers them.
 //!
 //! librdkafka's transactional calls block: they run on the blocking pool.
 
@@ -20,17 +22,14 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::info;
 
 use super::error::CheckpointError;
 use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
 use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
-
-/// How long one transactional call, the topic check or the load may take.
-const TIMEOUT: Duration = Duration::from_secs(30);
+use crate::sink::kafka::transaction::{Record, TIMEOUT, Transaction, TxnError};
 
 /// What the Kafka store is opened with (built by `app` from `[checkpoint.kafka]` and the
 /// sink's connection).
@@ -41,18 +40,17 @@ pub struct KafkaStoreConfig {
     pub topic: String,
     pub create_topic: bool,
     pub transactional_id: String,
+    /// The sink's events go into the store's transaction (`[sink.kafka] exactly_once`).
+    pub exactly_once: bool,
 }
 
 pub struct KafkaStore {
     topic: String,
     client: ClientConfig,
     transactional_id: String,
-    producer: Arc<ThreadedProducer<DefaultProducerContext>>,
+    txn: Arc<Transaction>,
     owner: Owner,
     written: std::sync::atomic::AtomicU64,
-    /// A failed transaction whose abort did not complete (broker unreachable): aborted first
-    /// at the next write.
-    abort_pending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for KafkaStore {
@@ -68,19 +66,14 @@ fn broker(what: impl Into<String>, cause: impl std::fmt::Display) -> CheckpointE
     CheckpointError::Broker { what: what.into(), cause: cause.to_string() }
 }
 
-/// A fenced or otherwise dead producer stops the process; anything else is retried.
-fn classify(what: &str, e: &KafkaError) -> CheckpointError {
-    let code = e.rdkafka_error_code();
-    let fatal = matches!(e, KafkaError::Transaction(t) if t.is_fatal());
-    if fatal
-        || matches!(
-            code,
-            Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
-        )
-    {
-        return CheckpointError::Fenced { what: what.to_string(), why: e.to_string() };
+/// A fenced or otherwise dead producer stops the process, and so does a record no retry can
+/// deliver; anything else is retried.
+fn txn_error(what: &str, e: TxnError) -> CheckpointError {
+    match e {
+        TxnError::Fatal(why) => CheckpointError::Fenced { what: what.to_string(), why },
+        TxnError::Poison(why) => CheckpointError::Unusable { what: what.to_string(), why },
+        TxnError::Retriable(cause) => broker(what, cause),
     }
-    broker(what, e)
 }
 
 impl KafkaStore {
@@ -89,29 +82,27 @@ impl KafkaStore {
     pub async fn open(cfg: KafkaStoreConfig, owner: Owner) -> Result<Self, CheckpointError> {
         ensure_topic(&cfg).await?;
         let what = format!("Kafka state topic {} (transactional.id {})", cfg.topic, cfg.transactional_id);
-        let mut pc = cfg.client.clone();
-        pc.set("transactional.id", &cfg.transactional_id)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("transaction.timeout.ms", "60000");
-        let producer: ThreadedProducer<DefaultProducerContext> =
-            pc.create().map_err(|e| broker(&what, format!("producer: {e}")))?;
-        let producer = Arc::new(producer);
-        let p = producer.clone();
+        let (client, id, eos) = (cfg.client.clone(), cfg.transactional_id.clone(), cfg.exactly_once);
         let w = what.clone();
-        tokio::task::spawn_blocking(move || p.init_transactions(TIMEOUT).map_err(|e| classify(&w, &e)))
-            .await
-            .expect("init_transactions task")?;
-        info!(topic = %cfg.topic, transactional_id = %cfg.transactional_id, "Kafka state store: transactional producer initialised (an earlier holder is fenced)");
+        let txn = tokio::task::spawn_blocking(move || {
+            Transaction::init(&client, &id, eos, Arc::default()).map_err(|e| txn_error(&w, e))
+        })
+        .await
+        .expect("init_transactions task")?;
+        info!(topic = %cfg.topic, transactional_id = %cfg.transactional_id, exactly_once = cfg.exactly_once, "Kafka state store: transactional producer initialised (an earlier holder is fenced)");
         Ok(Self {
             topic: cfg.topic,
             client: cfg.client,
             transactional_id: cfg.transactional_id,
-            producer,
+            txn: Arc::new(txn),
             owner,
             written: Default::default(),
-            abort_pending: Default::default(),
         })
+    }
+
+    /// The transaction (exactly-once: the sink sends its events into it).
+    pub fn transaction(&self) -> &Arc<Transaction> {
+        &self.txn
     }
 
     pub fn describe(&self) -> String {
@@ -129,83 +120,31 @@ impl KafkaStore {
         tokio::task::spawn_blocking(move || load(&client, &topic, &keys, &owner)).await.expect("state load task")
     }
 
-    /// One transaction with every record of `deltas`.
+    /// One transaction with every record of `deltas` (exactly-once: and the events sent since
+    /// the last write).
     pub async fn write(&self, deltas: &[(StreamKey, Delta)]) -> Result<(), CheckpointError> {
-        let mut records: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+        let record =
+            |key: String, payload: Option<Vec<u8>>| Record { topic: self.topic.clone(), key, payload, headers: None };
+        let mut records = Vec::new();
         for (key, d) in deltas {
             let id = key.id();
             for (uid, e) in d.upserts.iter() {
-                records.push((object_key(&id, &uid.to_string()), Some(encode_object(e))));
+                records.push(record(object_key(&id, &uid.to_string()), Some(encode_object(e))));
             }
             for uid in &d.removes {
-                records.push((object_key(&id, uid), None));
+                records.push(record(object_key(&id, uid), None));
             }
             let p = PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead);
-            records.push((position_key(&id), Some(p.encode())));
+            records.push(record(position_key(&id), Some(p.encode())));
         }
-        let bytes: usize = records.iter().map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len)).sum();
-        let (producer, topic, pending) = (self.producer.clone(), self.topic.clone(), self.abort_pending.clone());
+        let bytes: usize = records.iter().map(|r| r.key.len() + r.payload.as_ref().map_or(0, Vec::len)).sum();
+        let txn = self.txn.clone();
         let what = format!("Kafka state topic {}", self.topic);
-        tokio::task::spawn_blocking(move || transact(&producer, &topic, &records, &what, &pending))
+        tokio::task::spawn_blocking(move || txn.commit(&records).map_err(|e| txn_error(&what, e)))
             .await
             .expect("state write task")?;
         self.written.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-}
-
-fn transact(
-    producer: &ThreadedProducer<DefaultProducerContext>,
-    topic: &str,
-    records: &[(String, Option<Vec<u8>>)],
-    what: &str,
-    abort_pending: &std::sync::atomic::AtomicBool,
-) -> Result<(), CheckpointError> {
-    use std::sync::atomic::Ordering::SeqCst;
-    if abort_pending.load(SeqCst) {
-        producer.abort_transaction(TIMEOUT).map_err(|e| classify(what, &e))?;
-        abort_pending.store(false, SeqCst);
-    }
-    producer.begin_transaction().map_err(|e| classify(what, &e))?;
-    let sent = (|| {
-        for (key, value) in records {
-            let mut record = BaseRecord::<String, Vec<u8>>::to(topic).key(key);
-            if let Some(v) = value {
-                record = record.payload(v);
-            }
-            let deadline = Instant::now() + TIMEOUT;
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r))
-                        if Instant::now() < deadline =>
-                    {
-                        record = r;
-                        std::thread::sleep(Duration::from_millis(10));
-                    }
-                    Err((e, _)) => return Err(e),
-                }
-            }
-        }
-        producer.commit_transaction(TIMEOUT)
-    })();
-    match sent {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let err = classify(what, &e);
-            if !err.is_fatal() {
-                // Nothing of it counts; the deltas are written again at the next flush.
-                if let Err(abort) = producer.abort_transaction(TIMEOUT) {
-                    warn!(error = %abort, "state transaction not aborted yet; aborted before the next write");
-                    let abort = classify(what, &abort);
-                    if !abort.is_fatal() {
-                        abort_pending.store(true, SeqCst);
-                    }
-                    return Err(abort);
-                }
-            }
-            Err(err)
-        }
     }
 }
 

@@ -83,6 +83,24 @@ impl Store {
         }
     }
 
+    /// Exactly-once into Kafka: the gate the delivery queue passes for each event, sealed by
+    /// each write.
+    pub fn gate(&self) -> Option<Arc<crate::delivery::gate::Gate>> {
+        match self {
+            Store::Kafka(k) if k.transaction().exactly_once() => Some(k.transaction().gate().clone()),
+            _ => None,
+        }
+    }
+
+    /// Exactly-once into Kafka: notified when the open transaction should be committed before
+    /// the next interval (it holds many events).
+    pub fn commit_soon(&self) -> Option<Arc<tokio::sync::Notify>> {
+        match self {
+            Store::Kafka(k) if k.transaction().exactly_once() => Some(k.transaction().commit_soon().clone()),
+            _ => None,
+        }
+    }
+
     /// Bytes of state this store wrote so far (keys and values; file: bytes appended or
     /// renamed into place): what `write` costs, for the benchmarks.
     pub fn bytes_written(&self) -> u64 {

@@ -1,0 +1,128 @@
+//! A gate between the delivery queue and a commit (exactly-once into Kafka): each event holds
+//! a [`Pass`] from before its send until its acknowledgement; [`Gate::seal`] stops new passes
+//! and waits until the last one is dropped. While sealed, every event sent is acknowledged,
+//! so the state taken then covers exactly the events in the transaction being committed.
+//!
+//! Invariant: while a [`Sealed`] lives, no [`Pass`] does.
+
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+#[derive(Debug, Default)]
+pub struct Gate {
+    state: Mutex<GateState>,
+    changed: Notify,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    passes: usize,
+    sealed: bool,
+}
+
+/// Held by one event from before its send until its acknowledgement.
+#[derive(Debug)]
+pub struct Pass(Arc<Gate>);
+
+/// Held by a commit: no event is between its send and its acknowledgement.
+#[derive(Debug)]
+pub struct Sealed(Arc<Gate>);
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().expect("gate lock")
+    }
+
+    /// Waits while the gate is sealed, then passes.
+    pub async fn pass(self: &Arc<Self>) -> Pass {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if !s.sealed {
+                    s.passes += 1;
+                    return Pass(self.clone());
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Stops new passes, then waits until every pass is dropped. One seal at a time.
+    pub async fn seal(self: &Arc<Self>) -> Sealed {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if !s.sealed {
+                    s.sealed = true;
+                }
+                if s.passes == 0 {
+                    return Sealed(self.clone());
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Events between their send and their acknowledgement.
+    pub fn passes(&self) -> usize {
+        self.lock().passes
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.passes -= 1;
+        if s.passes == 0 && s.sealed {
+            drop(s);
+            self.0.changed.notify_waiters();
+        }
+    }
+}
+
+impl Drop for Sealed {
+    fn drop(&mut self) {
+        self.0.lock().sealed = false;
+        self.0.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_seal_waits_for_every_pass_and_holds_new_ones() {
+        let gate = Arc::new(Gate::default());
+        let a = gate.pass().await;
+        let b = gate.pass().await;
+        let g = gate.clone();
+        let seal = tokio::spawn(async move { g.seal().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!seal.is_finished(), "two passes out");
+        // A new pass waits for the seal to end.
+        let g = gate.clone();
+        let late = tokio::spawn(async move { g.pass().await });
+        drop(a);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!seal.is_finished(), "one pass out");
+        drop(b);
+        let sealed = tokio::time::timeout(Duration::from_secs(5), seal).await.expect("sealed").unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!late.is_finished(), "no pass while sealed");
+        assert_eq!(gate.passes(), 0);
+        drop(sealed);
+        let late = tokio::time::timeout(Duration::from_secs(5), late).await.expect("passed after the seal").unwrap();
+        assert_eq!(gate.passes(), 1);
+        drop(late);
+        assert_eq!(gate.passes(), 0);
+    }
+}

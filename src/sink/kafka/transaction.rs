@@ -1,0 +1,391 @@
+//! The transactional producer shared by the Kafka state store and, with
+//! `[sink.kafka] exactly_once`, by the Kafka sink: the events and the state records that
+//! advance past them are committed in one Kafka transaction, so a `read_committed` consumer
+//! sees each change once (KIP-98; Kafka Connect does the same for its sources, KIP-618).
+//!
+//! States of the transaction (the one `Mutex` holds them with the events of the open one):
+//!
+//! - `Idle`: none open. Without exactly-once, the state store begins one per write.
+//! - `Open`: begun; events are produced into it as they are sent, and kept (in send order)
+//!   until it commits, to be produced again in the next one if it is aborted.
+//! - `MustAbort`: a produce or the commit failed with an error that is not fatal; events are
+//!   only kept. The next commit aborts it, begins a new one, produces the kept events again
+//!   (same records, same order), then the state records, then commits.
+//!
+//! Fatal errors (fenced by a newer producer with the same `transactional.id`, or any other
+//! fatal error of librdkafka's transaction manager) end it: the caller stops the process.
+//! Delivery reports are read for one thing only: a record rejected for good (a topic that
+//! does not exist, not authorized, too large) would fail every retry of the transaction, so
+//! it is reported as [`TxnError::Poison`], naming the topic and the fix.
+//!
+//! The delivery queue holds a [`Gate`] pass from before an event's send until it is
+//! acknowledged; the commit seals the gate first, so every event in a committed transaction
+//! was acknowledged before the state written with it was taken.
+//!
+//! librdkafka's transactional calls block: callers run [`Transaction::commit`] on the blocking
+//! pool.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use tokio::sync::Notify;
+use tracing::{debug, error, warn};
+
+pub use crate::delivery::gate::Gate;
+
+/// How long one transactional call may take.
+pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Events kept in one transaction before the next commit is asked for early.
+const COMMIT_SOON_EVENTS: usize = 20_000;
+/// Bytes of events kept in one transaction before the next commit is asked for early.
+const COMMIT_SOON_BYTES: usize = 32 * 1024 * 1024;
+
+/// Why a transaction did not commit.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TxnError {
+    /// Another producer with this `transactional.id` took over, or the producer is dead.
+    #[error("{0}")]
+    Fatal(String),
+    /// Not committed; its events are produced again in the next transaction.
+    #[error("{0}")]
+    Retriable(String),
+    /// A record that no retry will deliver: kubecast stops (nothing of it was committed).
+    #[error("{0}")]
+    Poison(String),
+}
+
+/// One record of the transaction.
+#[derive(Clone)]
+pub struct Record {
+    pub topic: String,
+    pub key: String,
+    /// `None`: a tombstone.
+    pub payload: Option<Vec<u8>>,
+    pub headers: Option<OwnedHeaders>,
+}
+
+impl Record {
+    fn size(&self) -> usize {
+        self.topic.len() + self.key.len() + self.payload.as_ref().map_or(0, Vec::len) + 64
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Idle,
+    Open,
+    MustAbort,
+}
+
+struct Inner {
+    state: State,
+    /// Exactly-once: the events of the open transaction, in send order.
+    events: Vec<Record>,
+    event_bytes: usize,
+}
+
+/// Logs librdkafka's messages and keeps the first record rejected for good.
+pub struct TxnContext {
+    connected: Arc<AtomicBool>,
+    poison: Mutex<Option<String>>,
+}
+
+impl ClientContext for TxnContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                error!(target: "kubecast::kafka", facility = fac, "{msg}")
+            }
+            RDKafkaLogLevel::Warning => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
+            _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+            self.connected.store(false, Ordering::Relaxed);
+        }
+        error!(target: "kubecast::kafka", error = %error, "Kafka transactional producer: {reason}");
+    }
+}
+
+impl ProducerContext for TxnContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.connected.store(true, Ordering::Relaxed),
+            Err((e, m)) => {
+                if is_poison(e) {
+                    let mut p = self.poison.lock().expect("poison lock");
+                    if p.is_none() {
+                        *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Errors no retry of the record fixes.
+fn is_poison(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidRecord
+                | C::InvalidTopic
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+        )
+    )
+}
+
+/// The transactional producer and its open transaction.
+pub struct Transaction {
+    producer: ThreadedProducer<TxnContext>,
+    /// For errors: the `transactional.id`.
+    what: String,
+    exactly_once: bool,
+    inner: Mutex<Inner>,
+    gate: Arc<Gate>,
+    commit_soon: Arc<Notify>,
+    committed_events: AtomicU64,
+}
+
+impl Transaction {
+    /// Creates the producer and takes `transactional_id` over (`init_transactions`: a
+    /// predecessor's open transaction is aborted and its producer fenced). Blocking.
+    pub fn init(
+        client: &ClientConfig,
+        transactional_id: &str,
+        exactly_once: bool,
+        connected: Arc<AtomicBool>,
+    ) -> Result<Self, TxnError> {
+        let what = format!("Kafka transactional producer (transactional.id {transactional_id})");
+        let mut pc = client.clone();
+        pc.set("transactional.id", transactional_id)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("transaction.timeout.ms", "60000");
+        pc.set_log_level(RDKafkaLogLevel::Warning);
+        let producer: ThreadedProducer<TxnContext> = pc
+            .create_with_context(TxnContext { connected, poison: Mutex::new(None) })
+            .map_err(|e| TxnError::Retriable(format!("{what}: {e}")))?;
+        producer.init_transactions(TIMEOUT).map_err(|e| classify(&what, &e))?;
+        let txn = Self {
+            producer,
+            what,
+            exactly_once,
+            inner: Mutex::new(Inner { state: State::Idle, events: Vec::new(), event_bytes: 0 }),
+            gate: Arc::new(Gate::default()),
+            commit_soon: Arc::new(Notify::new()),
+            committed_events: AtomicU64::new(0),
+        };
+        if exactly_once {
+            let mut inner = txn.lock();
+            txn.reopen(&mut inner)?;
+        }
+        Ok(txn)
+    }
+
+    pub fn exactly_once(&self) -> bool {
+        self.exactly_once
+    }
+
+    /// The gate the delivery queue passes before each send (exactly-once).
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// Notified when the open transaction holds enough events to be committed early.
+    pub fn commit_soon(&self) -> &Arc<Notify> {
+        &self.commit_soon
+    }
+
+    /// Events committed so far (exactly-once).
+    pub fn committed_events(&self) -> u64 {
+        self.committed_events.load(Ordering::Relaxed)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("transaction lock")
+    }
+
+    /// Sends an event in the open transaction (exactly-once): produced at once if it is open,
+    /// kept for the next one if not. `Err` only for a record librdkafka refuses by itself (too
+    /// large): that one is not kept.
+    pub async fn send(&self, record: Record) -> Result<(), KafkaError> {
+        loop {
+            {
+                let mut inner = self.lock();
+                let queue_full = if inner.state == State::Open {
+                    match produce(&self.producer, &record) {
+                        Ok(()) => false,
+                        Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => true,
+                        Err(e @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
+                            return Err(e);
+                        }
+                        Err(e) => {
+                            warn!(error = %e, "{}: a record was not produced; the transaction is aborted and its events are sent again", self.what);
+                            inner.state = State::MustAbort;
+                            false
+                        }
+                    }
+                } else {
+                    false
+                };
+                if !queue_full {
+                    inner.event_bytes += record.size();
+                    inner.events.push(record);
+                    if inner.events.len() >= COMMIT_SOON_EVENTS || inner.event_bytes >= COMMIT_SOON_BYTES {
+                        self.commit_soon.notify_one();
+                    }
+                    return Ok(());
+                }
+            }
+            // librdkafka's queue is full: let it drain a little.
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Commits the open transaction with `records` (the state records) after its events; with
+    /// exactly-once, opens the next one. Blocking; the caller has sealed the [`Gate`].
+    ///
+    /// On a retriable error nothing of it is committed: the transaction is aborted (now, or
+    /// at the next call if the broker does not answer) and its events are produced again in
+    /// the next one; the caller writes its state records again later.
+    pub fn commit(&self, records: &[Record]) -> Result<(), TxnError> {
+        let mut inner = self.lock();
+        self.ready(&mut inner)?;
+        let committed = records.iter().try_for_each(|r| produce_blocking(&self.producer, r));
+        let committed = committed.and_then(|()| self.producer.commit_transaction(TIMEOUT));
+        match committed {
+            Ok(()) => {
+                self.committed_events.fetch_add(inner.events.len() as u64, Ordering::Relaxed);
+                inner.events.clear();
+                inner.events.shrink_to(1024);
+                inner.event_bytes = 0;
+                inner.state = State::Idle;
+                if self.exactly_once {
+                    self.reopen(&mut inner)?;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                let err = self.failure(&e);
+                inner.state = State::MustAbort;
+                if matches!(err, TxnError::Fatal(_) | TxnError::Poison(_)) {
+                    return Err(err);
+                }
+                // Abort now (the events go out again at once); if the broker does not answer,
+                // the next commit aborts first.
+                if let Err(again) = self.ready(&mut inner) {
+                    if matches!(again, TxnError::Fatal(_) | TxnError::Poison(_)) {
+                        return Err(again);
+                    }
+                    warn!(error = %again, "{}: the failed transaction is aborted at the next commit", self.what);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Brings the transaction to `Open` (exactly-once) or `Idle`-then-begun (state only):
+    /// aborts a failed one, begins, produces the kept events again.
+    fn ready(&self, inner: &mut Inner) -> Result<(), TxnError> {
+        if inner.state == State::MustAbort {
+            self.producer.abort_transaction(TIMEOUT).map_err(|e| self.failure(&e))?;
+            inner.state = State::Idle;
+            if let Some(p) = self.poisoned() {
+                return Err(p);
+            }
+        }
+        if inner.state == State::Idle {
+            self.reopen(inner)?;
+        }
+        Ok(())
+    }
+
+    /// Begins a transaction and produces the kept events into it (same order).
+    fn reopen(&self, inner: &mut Inner) -> Result<(), TxnError> {
+        self.producer.begin_transaction().map_err(|e| classify(&self.what, &e))?;
+        inner.state = State::Open;
+        if !inner.events.is_empty() {
+            debug!(events = inner.events.len(), "{}: sending the aborted transaction's events again", self.what);
+        }
+        for r in &inner.events {
+            if let Err(e) = produce_blocking(&self.producer, r) {
+                inner.state = State::MustAbort;
+                return Err(self.failure(&e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The error to report for `e`: a rejected record first (it explains the failure).
+    fn failure(&self, e: &KafkaError) -> TxnError {
+        match classify(&self.what, e) {
+            TxnError::Fatal(f) => TxnError::Fatal(f),
+            other => self.poisoned().unwrap_or(other),
+        }
+    }
+
+    fn poisoned(&self) -> Option<TxnError> {
+        let p = self.producer.context().poison.lock().expect("poison lock").take()?;
+        Some(TxnError::Poison(format!(
+            "{}: {p}; no retry can deliver it, and exactly-once cannot skip it (fix: create the topic, grant the producer access, or raise the topic's max.message.bytes; then restart kubecast)",
+            self.what
+        )))
+    }
+}
+
+fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
+    let mut br = BaseRecord::<str, [u8]>::to(&r.topic).key(&r.key);
+    if let Some(p) = &r.payload {
+        br = br.payload(p);
+    }
+    if let Some(h) = &r.headers {
+        br = br.headers(h.clone());
+    }
+    producer.send(br).map_err(|(e, _)| e)
+}
+
+/// [`produce`], waiting (up to [`TIMEOUT`]) while librdkafka's queue is full.
+fn produce_blocking(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        match produce(producer, r) {
+            Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Fenced or otherwise dead: fatal; anything else: retriable.
+fn classify(what: &str, e: &KafkaError) -> TxnError {
+    let fatal = matches!(e, KafkaError::Transaction(t) if t.is_fatal());
+    if fatal
+        || matches!(
+            e.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+        )
+    {
+        return TxnError::Fatal(format!("{what}: {e}"));
+    }
+    TxnError::Retriable(format!("{what}: {e}"))
+}

@@ -1,0 +1,274 @@
+//! Exactly-once into Kafka (`[sink.kafka] exactly_once = true`), against the real Kafka broker
+//! and apiserver of `tests/env`: a `read_committed` consumer that drops nothing sees every
+//! change once, per object in apiserver order, across SIGKILLs, a broker restart and a fenced
+//! old leader.
+
+use kubecast_kit as common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Kubecast, TestNamespace, client};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One event as a `read_committed` consumer sees it.
+#[derive(Debug, Clone)]
+struct Seen {
+    id: String,
+    uid: String,
+    verb: String,
+    name: String,
+    rv: u64,
+}
+
+/// Reads `topic` (every partition, from the beginning) with `isolation.level =
+/// read_committed` into `out`, until `stop` is set.
+fn committed_reader(topic: String, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<std::sync::atomic::AtomicBool>) {
+    tokio::spawn(async move {
+        let consumer: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+            .set("group.id", common::unique("eos-verify"))
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("topic.metadata.refresh.interval.ms", "500")
+            .create()
+            .expect("consumer");
+        let partitions = loop {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return;
+            }
+            if let Ok(md) = consumer.fetch_metadata(Some(&topic), Duration::from_secs(2))
+                && let Some(t) =
+                    md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            {
+                break t.partitions().len() as i32;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        };
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+        }
+        consumer.assign(&tpl).unwrap();
+        let mut stream = consumer.stream();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {
+                continue;
+            };
+            let e: Value = serde_json::from_slice(m.payload().expect("payload")).expect("a structured event");
+            let verb = e["type"].as_str().unwrap().rsplit('.').next().unwrap().to_string();
+            let meta = &e["data"]["metadata"];
+            out.lock().unwrap().push(Seen {
+                id: e["id"].as_str().unwrap().to_string(),
+                uid: meta["uid"].as_str().unwrap().to_string(),
+                verb,
+                name: meta["name"].as_str().unwrap().to_string(),
+                rv: meta["resourceVersion"].as_str().unwrap().parse().unwrap(),
+            });
+        }
+    });
+}
+
+/// The config, the `[sink]` section and the `[checkpoint]` lines of an exactly-once run.
+struct Setup {
+    config: String,
+    sink: String,
+    checkpoint: String,
+}
+
+fn setup(ns: &str, topic: &str, state: &str, extra: &str) -> Setup {
+    Setup {
+        config: format!(
+            "[cluster]\nname = \"{}\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{ns}\"]\n{extra}\n",
+            common::unique("eos")
+        ),
+        sink: format!(
+            "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nmode = \"structured\"\nexactly_once = true\n",
+            common::env_var("KAFKA_BROKERS")
+        ),
+        checkpoint: format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\n"),
+    }
+}
+
+/// What the load wrote: per uid, the resourceVersions of its creates and updates, and
+/// whether it was deleted.
+#[derive(Default, Debug)]
+struct Written {
+    changes: BTreeMap<String, Vec<u64>>,
+    deleted: Vec<String>,
+}
+
+/// Creates, updates and deletes ConfigMaps among `names` at about `per_second`, until `stop`.
+async fn load(
+    api: Api<ConfigMap>,
+    names: usize,
+    per_second: u64,
+    written: Arc<Mutex<Written>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut live: HashMap<String, String> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / per_second));
+    let mut n = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        tick.tick().await;
+        n += 1;
+        let name = format!("cm-{}", rnd() % names as u64);
+        match live.get(&name).cloned() {
+            None => {
+                let cm: ConfigMap = serde_json::from_value(json!({
+                    "metadata": {"name": name}, "data": {"n": n.to_string()}
+                }))
+                .unwrap();
+                if let Ok(c) = api.create(&PostParams::default(), &cm).await {
+                    let uid = c.metadata.uid.unwrap();
+                    let rv = c.metadata.resource_version.unwrap().parse().unwrap();
+                    written.lock().unwrap().changes.entry(uid.clone()).or_default().push(rv);
+                    live.insert(name, uid);
+                }
+            }
+            Some(uid) if rnd() % 10 < 7 => {
+                let patch = json!({"data": {"n": n.to_string()}});
+                if let Ok(c) =
+                    api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await
+                {
+                    let rv = c.metadata.resource_version.unwrap().parse().unwrap();
+                    written.lock().unwrap().changes.entry(uid).or_default().push(rv);
+                }
+            }
+            Some(uid) => {
+                if api.delete(&name, &DeleteParams::default()).await.is_ok() {
+                    written.lock().unwrap().deleted.push(uid);
+                    live.remove(&name);
+                }
+            }
+        }
+    }
+}
+
+/// Every change exactly once, per object in apiserver order, and the view equals the
+/// apiserver's list.
+fn check_exactly_once(seen: &[Seen], written: &Written, now: &BTreeMap<String, u64>) {
+    let mut ids: HashMap<&str, usize> = HashMap::new();
+    for s in seen {
+        *ids.entry(&s.id).or_default() += 1;
+    }
+    let dups: Vec<_> = ids.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        dups.is_empty(),
+        "{} ids seen more than once (of {} events): {:?}",
+        dups.len(),
+        seen.len(),
+        &dups[..dups.len().min(10)]
+    );
+    // Per object: its creates and updates, in the order written, then its delete.
+    let mut per_uid: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
+    for s in seen {
+        per_uid.entry(&s.uid).or_default().push(s);
+    }
+    for (uid, rvs) in &written.changes {
+        let got: Vec<u64> =
+            per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb != "deleted").map(|s| s.rv).collect();
+        assert_eq!(&got, rvs, "object {uid}: the changes written, each once, in order");
+        let deletes = per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb == "deleted").count();
+        let deleted = written.deleted.contains(uid);
+        assert_eq!(deletes, usize::from(deleted), "object {uid}: deleted {deleted}, delete events {deletes}");
+        if deleted {
+            assert_eq!(per_uid[uid.as_str()].last().unwrap().verb, "deleted", "object {uid}: the delete comes last");
+        }
+    }
+    assert_eq!(per_uid.len(), written.changes.len(), "events only of objects the test wrote");
+    // The view a consumer builds equals the apiserver's list.
+    let mut view: BTreeMap<String, u64> = BTreeMap::new();
+    for s in seen {
+        if s.verb == "deleted" {
+            view.remove(&s.name);
+        } else {
+            view.insert(s.name.clone(), s.rv);
+        }
+    }
+    assert_eq!(&view, now, "the view rebuilt from the committed events is the apiserver's list");
+}
+
+async fn listed(api: &Api<ConfigMap>) -> BTreeMap<String, u64> {
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| (c.metadata.name.unwrap(), c.metadata.resource_version.unwrap().parse().unwrap()))
+        .collect()
+}
+
+/// Waits until the consumer saw every change written (or `WAIT`), then a little longer for
+/// anything beyond them.
+async fn settle(seen: &Arc<Mutex<Vec<Seen>>>, written: &Arc<Mutex<Written>>) {
+    let want = {
+        let w = written.lock().unwrap();
+        w.changes.values().map(Vec::len).sum::<usize>() + w.deleted.len()
+    };
+    let deadline = Instant::now() + WAIT;
+    while seen.lock().unwrap().len() < want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_once() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-kills").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    let s = setup(&ns.name, &topic, &state, "");
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    kc.wait_log("list complete", 1).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = Arc::new(Mutex::new(Written::default()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    committed_reader(topic.clone(), seen.clone(), stop.clone());
+    let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = tokio::spawn(load(api.clone(), 200, 50, written.clone(), load_stop.clone()));
+
+    // SIGKILL at pseudo-random moments (0.3 to 2.3 s after the restart's first commit could
+    // have happened), restarting each time.
+    let mut seed = 7u64;
+    for round in 0..20 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let after = Duration::from_millis(300 + (seed >> 33) % 2000);
+        tokio::time::sleep(after).await;
+        assert!(kc.exited().is_none(), "round {round}: kubecast exited by itself:\n{}", kc.log());
+        kc.kill9();
+        kc.restart(&[]);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    loader.await.unwrap();
+    settle(&seen, &written).await;
+    let now = listed(&api).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = seen.lock().unwrap().clone();
+    let written = written.lock().unwrap();
+    assert!(
+        written.changes.len() > 100 && !written.deleted.is_empty(),
+        "the load made creates, updates and deletes: {written:?}"
+    );
+    check_exactly_once(&seen, &written, &now);
+    assert!(kc.stop().success(), "{}", kc.log());
+}
