@@ -41,11 +41,15 @@ struct Collector {
 
 impl Collector {
     async fn start() -> Self {
-        let bin = common::env_var("OTELCOL");
-        let dir = tempfile::Builder::new().prefix("otelcol-").tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let config = format!(
-            r#"receivers:
+        let bin = common::env().get("OTELCOL").cloned().unwrap_or_else(|| {
+            panic!("OTELCOL is not in the test environment file: build the collector with `tests/env/tools otelcol` (tests/run does)")
+        });
+        // The free port may be taken before the collector binds it: then another one.
+        for attempt in 1.. {
+            let dir = tempfile::Builder::new().prefix("otelcol-").tempdir().unwrap();
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let config = format!(
+                r#"receivers:
   otlp:
     protocols:
       http:
@@ -63,28 +67,33 @@ service:
       receivers: [otlp]
       exporters: [file]
 "#,
-            spans = dir.path().join("spans.jsonl").display()
-        );
-        std::fs::write(dir.path().join("config.yaml"), config).unwrap();
-        let log = std::fs::File::create(dir.path().join("otelcol.log")).unwrap();
-        let child = Command::new(&bin)
-            .arg("--config")
-            .arg(dir.path().join("config.yaml"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
-        let mut c = Collector { child, dir, endpoint: format!("http://127.0.0.1:{port}") };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !c.log().contains("Everything is ready") {
-            if let Ok(Some(status)) = c.child.try_wait() {
-                panic!("otelcol exited ({status}):\n{}", c.log());
+                spans = dir.path().join("spans.jsonl").display()
+            );
+            std::fs::write(dir.path().join("config.yaml"), config).unwrap();
+            let log = std::fs::File::create(dir.path().join("otelcol.log")).unwrap();
+            let child = Command::new(&bin)
+                .arg("--config")
+                .arg(dir.path().join("config.yaml"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
+            let mut c = Collector { child, dir, endpoint: format!("http://127.0.0.1:{port}") };
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if c.log().contains("Everything is ready") {
+                    return c;
+                }
+                if let Ok(Some(status)) = c.child.try_wait() {
+                    assert!(attempt < 3, "otelcol exited ({status}):\n{}", c.log());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "otelcol not ready in 30 s:\n{}", c.log());
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            assert!(Instant::now() < deadline, "otelcol not ready in 30 s:\n{}", c.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        c
+        unreachable!()
     }
 
     fn log(&self) -> String {
@@ -573,4 +582,37 @@ async fn nats_one_trace_per_event_continued_by_the_consumer() {
     }
     assert_eq!(k.stop().code(), Some(0), "{}", k.log());
     js.delete_stream(&stream_name).await.unwrap();
+}
+
+// ------------------------------------------------------------------ traces off
+
+/// Without `[telemetry] traces`, nothing: no trace headers or extension on the record, and no
+/// span reaches the collector that the standard OTLP variable names.
+#[tokio::test]
+async fn no_trace_when_traces_are_off() {
+    let collector = Collector::start().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "otel-off").await;
+    let topic = common::unique("otel-off");
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    let mut k = Kubecast::start_with_sink(
+        &common::cm_config(&ns.name, ""),
+        &sink,
+        "",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint.as_str()), ("OTEL_BSP_SCHEDULE_DELAY", "200")],
+    );
+    k.wait_ready(200).await;
+    create_cm(&client, &ns.name, "untraced", json!({}), json!({"k": "v"})).await;
+    let records = read_kafka(&topic, 1).await;
+    let trace_headers: Vec<&String> = records[0].headers.keys().filter(|h| h.contains("trace")).collect();
+    assert!(trace_headers.is_empty(), "trace headers with traces off: {:?}", records[0].headers);
+    assert!(records[0].headers.contains_key("ce_id"), "a CloudEvent record: {:?}", records[0].headers);
+    // At exit a tracer would flush what it buffered.
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(collector.spans().is_empty(), "spans with traces off: {:?}", collector.spans());
+    assert!(!k.log().contains("OpenTelemetry traces on"), "{}", k.log());
 }
