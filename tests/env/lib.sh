@@ -268,7 +268,7 @@ ensure_otelcol() {
 		find_go
 		lock_build 8 otelcol
 		if [[ ! -x $out ]]; then
-			log "building otelcol $ver (first run, ~2-5 min on 2 cores) ..."
+			log "building otelcol $ver (first run, ~3-9 min on 2 cores) ..."
 			local t0=$SECONDS
 			go_build "otelcol $ver" "$dir" "$STATE_DIR/build-otelcol.log" -- \
 				-ldflags "-s -w -X main.version=$ver" -o "$out.tmp" .
