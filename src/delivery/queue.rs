@@ -231,7 +231,6 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
     // Built at the first retry (most events need none).
     let mut backoff = None;
     let mut attempt = 0u32;
-    let mut send_span = None;
     let result = loop {
         attempt += 1;
         let started = std::time::Instant::now();
@@ -245,9 +244,15 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
                 if let Some(l) = limiter {
                     l.until_ready().await;
                 }
-                if let (Some(t), None) = (&msg.trace, &send_span) {
+                if let (Some(t), 1) = (&msg.trace, attempt) {
                     t.child("queue", t.queued_at(), vec![]);
-                    send_span = Some(t.send_span(sink.system(), &sink.destination(msg), msg.event.id()));
+                    t.start_send(
+                        sink.system(),
+                        &sink.destination(msg),
+                        msg.event.id(),
+                        msg.event.attributes.source(),
+                        sink.trace_attributes(msg),
+                    );
                 }
                 sink.send(msg).await
             }
@@ -304,9 +309,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
             Ok(None) => None,
             Err(e) => Some(e.to_string()),
         };
-        if let Some(span) = send_span {
-            crate::observe::trace::end_send(span, attempt.saturating_sub(1), error.clone());
-        }
+        t.end_send(attempt.saturating_sub(1), error.clone());
         let outcome = if matches!(result, Ok(None)) { "delivered" } else { "not delivered" };
         t.end(outcome.into(), error);
     }

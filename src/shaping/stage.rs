@@ -89,12 +89,14 @@ fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool
             verb: verb.as_str(),
         };
         let key = change.object.metadata.uid.clone().unwrap_or_default();
+        // The root span starts at this instant too: its `shape` child never starts before it.
         let started = std::time::SystemTime::now();
         let mut trace = EventTrace::start(
             &fields.of_type.kind,
             verb.as_str(),
             &fields.namespace,
             change.object.metadata.name.as_deref().unwrap_or_default(),
+            started,
         );
         match change.into_cloudevent() {
             Ok(mut event) => {
@@ -104,9 +106,12 @@ fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool
                     t.child("shape", started, vec![]);
                     t.annotate(vec![
                         opentelemetry::KeyValue::new("cloudevents.event_id", event.id().to_string()),
+                        opentelemetry::KeyValue::new("cloudevents.event_source", event.attributes.source().to_string()),
                         opentelemetry::KeyValue::new("cloudevents.event_type", event.attributes.ty().to_string()),
                     ]);
                     if shaped.is_ok() {
+                        // The send span's context (reserved now, the span starts at the first
+                        // attempt): consumers become its children.
                         let (parent, state) = t.w3c();
                         event.attributes.set_extension("traceparent", parent);
                         if let Some(state) = state {

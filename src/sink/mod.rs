@@ -95,6 +95,15 @@ impl Sink {
         }
     }
 
+    /// The send span's attributes known before the send (`server.*`, the Kafka record key).
+    pub fn trace_attributes(&self, msg: &Outbound) -> Vec<opentelemetry::KeyValue> {
+        match self {
+            Sink::Kafka(s) => s.trace_attributes(msg),
+            Sink::Nats(s) => s.trace_attributes(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Where `msg` goes (for logs and dead letters).
     pub fn destination(&self, msg: &Outbound) -> String {
         match self {

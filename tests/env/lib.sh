@@ -256,6 +256,30 @@ ensure_helm() {
 	link_bin "$out" helm
 }
 
+# ensure_otelcol: build (first time only) the OpenTelemetry Collector of otelcol/ (the core
+# OTLP receiver and the contrib file exporter) and link it as $BIN_DIR/otelcol. Not a service:
+# the trace tests (tests/telemetry.rs) start one each, with their own config.
+ensure_otelcol() {
+	local dir=$ENV_DIR/otelcol ver key out
+	ver=$(go_mod_version "$dir" go.opentelemetry.io/collector/otelcol)
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/main.go")
+	out=$CACHE_DIR/bin/otelcol-$key
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 otelcol
+		if [[ ! -x $out ]]; then
+			log "building otelcol $ver (first run, ~3-9 min on 2 cores) ..."
+			local t0=$SECONDS
+			go_build "otelcol $ver" "$dir" "$STATE_DIR/build-otelcol.log" -- \
+				-ldflags "-s -w -X main.version=$ver" -o "$out.tmp" .
+			mv -f "$out.tmp" "$out"
+			log "built otelcol $ver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" otelcol
+}
+
 kafka_version() {
 	sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ENV_DIR/kafka/pom.xml" | head -n1
 }
@@ -442,6 +466,7 @@ write_env() {
 		done
 		# Tools built by tests/env/tools (not services: present once built).
 		if [[ -x $BIN_DIR/helm ]]; then kv HELM "$BIN_DIR/helm"; fi
+		if [[ -x $BIN_DIR/otelcol ]]; then kv OTELCOL "$BIN_DIR/otelcol"; fi
 	} >"$tmp"
 	mv -f "$tmp" "$STATE_DIR/env"
 }

@@ -142,10 +142,25 @@ impl KafkaSink {
         msg.route.as_deref().unwrap_or(&self.topic).render(&msg.fields, clean_topic_part)
     }
 
+    /// The send span's attributes known before the send: the (first) bootstrap broker, the
+    /// record key.
+    pub fn trace_attributes(&self, msg: &Outbound) -> Vec<opentelemetry::KeyValue> {
+        let brokers = self.config.get("bootstrap.servers").unwrap_or_default();
+        let mut attrs = crate::observe::trace::server_attributes(brokers, 9092);
+        attrs.push(opentelemetry::KeyValue::new("messaging.kafka.message.key", msg.key().to_string()));
+        attrs
+    }
+
     pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
         let topic = self.destination(msg);
         let (payload, headers) = encode(&msg.event, self.mode);
-        self.produce(&topic, msg.key(), Some(&payload), headers).await?;
+        let delivered = self.produce(&topic, msg.key(), Some(&payload), headers).await?;
+        if let (Some(t), Some((partition, offset))) = (&msg.trace, delivered) {
+            t.record_send(vec![
+                opentelemetry::KeyValue::new("messaging.destination.partition.id", partition.to_string()),
+                opentelemetry::KeyValue::new("messaging.kafka.offset", offset),
+            ]);
+        }
         if self.tombstones && msg.fields.verb == "deleted" {
             self.produce(&topic, msg.key(), None, OwnedHeaders::new()).await?;
         }
@@ -160,7 +175,7 @@ impl KafkaSink {
         payload: &[u8],
         headers: OwnedHeaders,
     ) -> Result<(), SendError> {
-        self.produce(topic, key, Some(payload), headers).await
+        self.produce(topic, key, Some(payload), headers).await.map(|_| ())
     }
 
     async fn produce(
@@ -169,7 +184,7 @@ impl KafkaSink {
         key: &str,
         payload: Option<&[u8]>,
         headers: OwnedHeaders,
-    ) -> Result<(), SendError> {
+    ) -> Result<Option<(i32, i64)>, SendError> {
         if self.exactly_once {
             let Some(txn) = self.transaction.get() else {
                 return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
@@ -180,7 +195,9 @@ impl KafkaSink {
                 payload: payload.map(<[u8]>::to_vec),
                 headers: Some(headers),
             };
-            return txn.send(record).await.map_err(|e| SendError::Permanent(e.to_string()));
+            // In the open transaction: its partition and offset are known only to the broker
+            // until it commits.
+            return txn.send(record).await.map(|()| None).map_err(|e| SendError::Permanent(e.to_string()));
         }
         let record = |headers: Option<OwnedHeaders>| {
             let r = FutureRecord::<str, [u8]>::to(topic).key(key);
@@ -203,9 +220,9 @@ impl KafkaSink {
             result = self.solo()?.send(record(headers), Timeout::Never).await;
         }
         match result {
-            Ok(_) => {
+            Ok(delivery) => {
                 self.connected.store(true, Ordering::Relaxed);
-                Ok(())
+                Ok(Some((delivery.partition, delivery.offset)))
             }
             Err((e, _)) => Err(self.classify(e)),
         }

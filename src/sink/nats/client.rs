@@ -27,6 +27,8 @@ pub struct NatsSink {
     stream: StreamSettings,
     stream_subjects: Vec<String>,
     connected: Arc<AtomicBool>,
+    /// `server.address` / `server.port` of send spans: the first server of `url`.
+    server: Vec<opentelemetry::KeyValue>,
 }
 
 impl NatsSink {
@@ -58,6 +60,7 @@ impl NatsSink {
             stream: cfg.stream.clone(),
             stream_subjects: cfg.stream_subjects(),
             connected,
+            server: crate::observe::trace::server_attributes(&cfg.url, 4222),
         };
         let deadline = tokio::time::Instant::now() + wait;
         while !sink.is_connected() && tokio::time::Instant::now() < deadline {
@@ -155,10 +158,24 @@ impl NatsSink {
         Ok(())
     }
 
+    /// The send span's attributes known before the send: the (first) server of `url`.
+    pub fn trace_attributes(&self) -> Vec<opentelemetry::KeyValue> {
+        self.server.clone()
+    }
+
     pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
         let subject = self.destination(msg);
         let (payload, headers) = encode(&msg.event, self.mode);
-        self.publish(subject, headers, payload, msg.event.id()).await
+        let ack = self.publish_acked(subject, headers, payload, msg.event.id()).await?;
+        if let (Some(t), Some(ack)) = (&msg.trace, ack) {
+            // No messaging convention for JetStream: kubecast's own names.
+            t.record_send(vec![
+                opentelemetry::KeyValue::new("kubecast.jetstream.stream", ack.stream),
+                opentelemetry::KeyValue::new("kubecast.jetstream.sequence", ack.sequence as i64),
+                opentelemetry::KeyValue::new("kubecast.jetstream.duplicate", ack.duplicate),
+            ]);
+        }
+        Ok(())
     }
 
     /// Publishes with the given headers (the dead-letter destination). `id` is the
@@ -170,11 +187,22 @@ impl NatsSink {
         payload: Bytes,
         id: &str,
     ) -> Result<(), SendError> {
+        self.publish_acked(subject, headers, payload, id).await.map(|_| ())
+    }
+
+    /// [`NatsSink::publish`], with JetStream's PubAck (`None` on core NATS).
+    async fn publish_acked(
+        &self,
+        subject: String,
+        headers: HeaderMap,
+        payload: Bytes,
+        id: &str,
+    ) -> Result<Option<jetstream::publish::PublishAck>, SendError> {
         // Both steps that hand the message to the client are boxed: inline, their state (~900
         // bytes when this was written) would be part of every in-flight event's future, which
         // then waits for its PubAck holding only the acknowledgement's (boxed) future.
         let Some(js) = &self.js else {
-            return Box::pin(self.publish_core(subject, headers, payload)).await;
+            return Box::pin(self.publish_core(subject, headers, payload)).await.map(|()| None);
         };
         let message = PublishMessage::build().payload(payload).headers(headers).message_id(id);
         // Shared with the request (a reference count), kept for the error messages.
@@ -190,7 +218,7 @@ impl NatsSink {
         if ack.duplicate {
             debug!(event_id = id, subject = subject.as_str(), stream = %ack.stream, "JetStream dropped a duplicate (sent before); counted as acknowledged");
         }
-        Ok(())
+        Ok(Some(ack))
     }
 
     /// Core NATS (at-most-once): publish, then flush so the message left the client.
