@@ -272,3 +272,52 @@ async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_
     check_exactly_once(&seen, &written, &now);
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// Two processes on one Lease: the leader paused past its lease (the standby takes over, the
+/// old one wakes up fenced), then the new leader SIGKILLed (the first one, restarted, takes
+/// over again). A `read_committed` consumer sees every change once, none of what the paused
+/// leader sent after losing the Lease.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_old_leader_and_a_failover_stay_exactly_once() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-failover").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    let s = setup(&ns.name, &topic, &state, "");
+    let config = common::lease_cm_config(&ns.name, &common::unique("lease"));
+    let mut a = Kubecast::start_with_sink(&config, &s.sink, &s.checkpoint, &[]);
+    a.wait_log("holding the lease", 1).await;
+    a.wait_log("list complete", 1).await;
+    let mut b = Kubecast::start_with_sink(&config, &s.sink, &s.checkpoint, &[]);
+    b.wait_log("standby: another process holds the lease", 1).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = Arc::new(Mutex::new(Written::default()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    committed_reader(topic.clone(), seen.clone(), stop.clone());
+    let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = tokio::spawn(load(api.clone(), 50, 50, written.clone(), load_stop.clone()));
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    a.signal("STOP");
+    b.wait_log("holding the lease", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    a.signal("CONT");
+    let status = a.wait_exit(Duration::from_secs(15)).await;
+    assert!(!status.success(), "the old leader stops once it wakes up: {status}\n{}", a.log());
+    a.restart(&[]);
+    a.wait_log("standby: another process holds the lease", 1).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    b.kill9();
+    a.wait_log("holding the lease", 1).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    loader.await.unwrap();
+    settle(&seen, &written).await;
+    let now = listed(&api).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = seen.lock().unwrap().clone();
+    let written = written.lock().unwrap();
+    check_exactly_once(&seen, &written, &now);
+    assert!(a.stop().success(), "{}", a.log());
+}
