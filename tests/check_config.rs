@@ -320,3 +320,33 @@ fn a_broker_store_without_a_connection_is_refused_naming_the_fix() {
         check(&format!("{GOOD}\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"k:9092\"\n"), &[]);
     assert!(ok, "its own brokers: {err}");
 }
+
+/// Exactly-once needs the state in the sink's Kafka cluster and a commit interval well under
+/// the transaction timeout.
+#[test]
+fn exactly_once_without_the_kafka_store_of_the_sinks_cluster_is_refused_naming_the_fix() {
+    let eos = r#"
+[cluster]
+name = "demo"
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+[sink]
+type = "kafka"
+[sink.kafka]
+brokers = "k:9092"
+exactly_once = true
+"#;
+    let (ok, _, err) = check(&format!("{eos}\n[checkpoint]\nstore = \"file\"\n"), &[]);
+    assert!(!ok, "a file store");
+    assert!(err.contains("sink.kafka.exactly_once") && err.contains("store = \"kafka\""), "{err}");
+    let (ok, _, err) =
+        check(&format!("{eos}\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"other:9092\"\n"), &[]);
+    assert!(!ok, "another cluster");
+    assert!(err.contains("checkpoint.kafka.brokers") && err.contains("remove"), "{err}");
+    let (ok, _, err) = check(&format!("{eos}\n[checkpoint]\nstore = \"kafka\"\nflush_interval_ms = 60000\n"), &[]);
+    assert!(!ok, "a commit interval past the transaction timeout");
+    assert!(err.contains("checkpoint.flush_interval_ms") && err.contains("30000"), "{err}");
+    let (ok, _, err) = check(&format!("{eos}\n[checkpoint]\nstore = \"kafka\"\n"), &[]);
+    assert!(ok, "the Kafka store on the sink's cluster: {err}");
+}

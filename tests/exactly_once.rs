@@ -20,6 +20,13 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 
+/// The broker restart test stops the shared broker: it runs alone.
+static BROKER: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    BROKER.read().unwrap_or_else(|e| e.into_inner())
+}
+
 /// One event as a `read_committed` consumer sees it.
 #[derive(Debug, Clone)]
 struct Seen {
@@ -231,6 +238,7 @@ async fn settle(seen: &Arc<Mutex<Vec<Seen>>>, written: &Arc<Mutex<Written>>) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_once() {
+    let _shared = shared();
     let client = client().await;
     let ns = TestNamespace::new(&client, "eos-kills").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -279,6 +287,7 @@ async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_
 /// leader sent after losing the Lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_paused_old_leader_and_a_failover_stay_exactly_once() {
+    let _shared = shared();
     let client = client().await;
     let ns = TestNamespace::new(&client, "eos-failover").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -320,4 +329,61 @@ async fn a_paused_old_leader_and_a_failover_stay_exactly_once() {
     let written = written.lock().unwrap();
     check_exactly_once(&seen, &written, &now);
     assert!(a.stop().success(), "{}", a.log());
+}
+
+/// The broker stopped and started again while a transaction is open (one always is under
+/// load): what was not committed is aborted and sent again; still exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_broker_restart_in_the_middle_of_a_transaction_stays_exactly_once() {
+    let _exclusive = BROKER.write().unwrap_or_else(|e| e.into_inner());
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-broker").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    let s = setup(&ns.name, &topic, &state, "");
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    kc.wait_log("list complete", 1).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = Arc::new(Mutex::new(Written::default()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    committed_reader(topic.clone(), seen.clone(), stop.clone());
+    let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loader = tokio::spawn(load(api.clone(), 100, 50, written.clone(), load_stop.clone()));
+    // Some transactions committed before the outage.
+    let deadline = Instant::now() + WAIT;
+    while seen.lock().unwrap().len() < 50 {
+        assert!(Instant::now() < deadline, "no committed event before the outage:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    env_script(&["down", "kafka"]);
+    let back = BrokerBack;
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    drop(back);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    loader.await.unwrap();
+    settle(&seen, &written).await;
+    let now = listed(&api).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(kc.exited().is_none(), "kubecast rode the outage out:\n{}", kc.log());
+    let seen = seen.lock().unwrap().clone();
+    let written = written.lock().unwrap();
+    check_exactly_once(&seen, &written, &now);
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
+/// Starts the broker again when dropped (also when the test fails).
+struct BrokerBack;
+
+impl Drop for BrokerBack {
+    fn drop(&mut self) {
+        env_script(&["up", "kafka"]);
+    }
+}
+
+fn env_script(args: &[&str]) {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/env").join(args[0]);
+    let status = std::process::Command::new(script).args(&args[1..]).status().expect("tests/env script");
+    assert!(status.success(), "tests/env/{args:?} failed");
 }
