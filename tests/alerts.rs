@@ -43,9 +43,10 @@ fn text(b: &[u8]) -> String {
 
 /// A tool's path from the env file (written by `tests/env/tools`).
 fn tool(key: &str) -> String {
-    common::env().get(key).cloned().unwrap_or_else(|| {
-        panic!("{key} is not in the test environment file: run tests/env/tools (tests/run does)")
-    })
+    common::env()
+        .get(key)
+        .cloned()
+        .unwrap_or_else(|| panic!("{key} is not in the test environment file: run tests/env/tools (tests/run does)"))
 }
 
 fn helm(args: &[&str]) -> Output {
@@ -152,7 +153,12 @@ fn the_rule(sets: &[&str]) -> Value {
 fn alerts(rule: &Value) -> BTreeMap<String, Value> {
     let groups = rule["spec"]["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 1);
-    groups[0]["rules"].as_array().unwrap().iter().map(|r| (r["alert"].as_str().unwrap().to_string(), r.clone())).collect()
+    groups[0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["alert"].as_str().unwrap().to_string(), r.clone()))
+        .collect()
 }
 
 /// Writes the PrometheusRule's groups as `rules.yaml` (JSON is YAML) into `dir`, without the
@@ -340,7 +346,8 @@ fn the_dashboard_is_a_configmap_for_the_grafana_sidecar_with_valid_queries() {
     let shipped: Value =
         serde_json::from_slice(&std::fs::read(repo().join("charts/kubecast/files/grafana-dashboard.json")).unwrap())
             .expect("files/grafana-dashboard.json is JSON");
-    let in_cm: Value = serde_json::from_str(cm["data"]["kubecast.json"].as_str().unwrap()).expect("the ConfigMap's JSON");
+    let in_cm: Value =
+        serde_json::from_str(cm["data"]["kubecast.json"].as_str().unwrap()).expect("the ConfigMap's JSON");
     assert_eq!(in_cm, shipped);
     assert_eq!(shipped["uid"], "kubecast");
 
@@ -372,8 +379,11 @@ fn the_dashboard_is_a_configmap_for_the_grafana_sidecar_with_valid_queries() {
         .map(|(i, q)| json!({"record": format!("dashboard:query_{i}"), "expr": grafana_to_promql(&q.expr)}))
         .collect();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("queries.yaml"), json!({"groups": [{"name": "dashboard", "rules": rules}]}).to_string())
-        .unwrap();
+    std::fs::write(
+        dir.path().join("queries.yaml"),
+        json!({"groups": [{"name": "dashboard", "rules": rules}]}).to_string(),
+    )
+    .unwrap();
     let out = ok(promtool(&["check", "rules", "queries.yaml"], dir.path()), "promtool check rules (dashboard queries)");
     assert!(out.contains(&format!("SUCCESS: {} rules found", queries.len())), "{out}");
     // The check can fail: a broken query is refused.
@@ -407,7 +417,10 @@ fn dashboard_queries(d: &Value) -> Vec<Query> {
     for p in panels(d) {
         for t in p["targets"].as_array().into_iter().flatten() {
             let legend = t["legendFormat"].as_str().unwrap_or_default();
-            out.push(Query { expr: t["expr"].as_str().unwrap().to_string(), legend_labels: template_labels(legend, "{{", "}}") });
+            out.push(Query {
+                expr: t["expr"].as_str().unwrap().to_string(),
+                legend_labels: template_labels(legend, "{{", "}}"),
+            });
         }
     }
     for v in d["templating"]["list"].as_array().unwrap() {
