@@ -268,7 +268,7 @@ ensure_promtool() {
 		find_go
 		lock_build 8 promtool
 		if [[ ! -x $out ]]; then
-			log "building promtool $ver (first run, ~3-6 min on 2 cores) ..."
+			log "building promtool $ver (first run, ~5 min of CPU: 3-10 min on 2 cores) ..."
 			# The module v0.3XX.Y is Prometheus 3.XX.Y (what `promtool --version` says).
 			local t0=$SECONDS x=github.com/prometheus/common/version rel=${ver#v0.}
 			rel=3.$((10#${rel%%.*} - 300)).${rel#*.}
