@@ -32,7 +32,8 @@ fn ci_values(name: &str) -> String {
     repo().join(format!("charts/kubecast/ci/{name}-values.yaml")).display().to_string()
 }
 
-const CI_VALUES: [&str; 7] = ["minimal", "kafka-sasl", "nats-creds", "sidecar", "pvc", "servicemonitor", "ha"];
+const CI_VALUES: [&str; 8] =
+    ["minimal", "kafka-sasl", "nats-creds", "sidecar", "pvc", "servicemonitor", "ha", "monitoring"];
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -82,8 +83,9 @@ fn ok(out: Output, what: &str) -> String {
 }
 
 /// Once per test process: the release namespace `kc` and the namespaces the ci values files
-/// name, and the ServiceMonitor CRD
-/// (prometheus-operator is not installed on the test apiserver; tests/chart/ has a reduced one).
+/// name, the ServiceMonitor CRD (prometheus-operator is not installed on the test apiserver;
+/// tests/chart/ has a reduced one) and prometheus-operator's own PrometheusRule CRD (from its
+/// Go module, fetched by tests/env/tools).
 fn setup() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -99,6 +101,21 @@ fn setup() {
                 None,
             ),
             "wait for the ServiceMonitor CRD",
+        );
+        let crds = common::env().get("PROMETHEUS_OPERATOR_CRDS").cloned().unwrap_or_else(|| {
+            panic!("PROMETHEUS_OPERATOR_CRDS is not in the test environment file: run tests/env/tools (tests/run does)")
+        });
+        let crd = Path::new(&crds).join("monitoring.coreos.com_prometheusrules.yaml");
+        ok(
+            kubectl(&["apply", "--server-side", "--force-conflicts", "-f", crd.to_str().unwrap()], None),
+            "install the PrometheusRule CRD",
+        );
+        ok(
+            kubectl(
+                &["wait", "--for=condition=established", "--timeout=60s", "crd/prometheusrules.monitoring.coreos.com"],
+                None,
+            ),
+            "wait for the PrometheusRule CRD",
         );
     });
 }
@@ -161,8 +178,12 @@ fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
     v[0]
 }
 
+/// The kubecast.toml of the config ConfigMap (the dashboard's ConfigMap, when rendered, is another).
 fn config_toml(objs: &[Value]) -> String {
-    one(objs, "ConfigMap")["data"]["kubecast.toml"].as_str().expect("kubecast.toml in the ConfigMap").to_string()
+    let v: Vec<_> =
+        objs.iter().filter(|o| o["kind"] == "ConfigMap" && o["data"]["kubecast.toml"].is_string()).collect();
+    assert_eq!(v.len(), 1, "expected one ConfigMap with kubecast.toml, got {}", v.len());
+    v[0]["data"]["kubecast.toml"].as_str().unwrap().to_string()
 }
 
 /// (kind, namespace) of each Role / ClusterRole -> its rules as (group, resource, verbs).
@@ -556,6 +577,34 @@ fn service_monitor_is_off_by_default_and_scrapes_metrics_on_the_admin_port_when_
         "{}",
         text(&out.stderr)
     );
+}
+
+/// The monitoring values: the PrometheusRule (prometheus-operator's real CRD validates it) and
+/// the dashboard ConfigMap next to the ServiceMonitor (tests/alerts.rs tests the alerts and the
+/// dashboard themselves).
+#[test]
+fn monitoring_values_render_the_alerts_and_the_dashboard_for_the_grafana_sidecar() {
+    let objs = render("monitoring", &[]);
+    assert_eq!(kinds(&objs).get("ServiceMonitor"), Some(&1));
+    let rule = one(&objs, "PrometheusRule");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
+    assert_eq!(rules.len(), 6);
+    assert!(rules.iter().all(|r| r["labels"]["team"] == "platform"), "{rules:?}");
+    let age = rules.iter().find(|r| r["alert"] == "KubecastCheckpointTooOld").unwrap();
+    assert_eq!(age["expr"], r#"kubecast_checkpoint_age_seconds{job="k-kubecast",namespace="kc"} > 600"#);
+    let dashboards: Vec<_> =
+        objs.iter().filter(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "k-kubecast-dashboard").collect();
+    assert_eq!(dashboards.len(), 1);
+    let d = dashboards[0];
+    assert_eq!(d["metadata"]["labels"]["grafana_dashboard"], "1");
+    assert_eq!(d["metadata"]["annotations"]["grafana_folder"], "kubecast");
+    let json: Value = serde_json::from_str(d["data"]["kubecast.json"].as_str().unwrap()).unwrap();
+    assert_eq!(json["uid"], "kubecast");
+    // Both are off by default.
+    let off = render("minimal", &[]);
+    assert_eq!(kinds(&off).get("PrometheusRule"), None);
+    assert_eq!(kinds(&off).get("ConfigMap"), Some(&1), "only the config");
 }
 
 /// The chart's config, written out, passes kubecast's own validation (unknown keys, types).

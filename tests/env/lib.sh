@@ -280,6 +280,65 @@ ensure_otelcol() {
 	link_bin "$out" otelcol
 }
 
+# ensure_promtool: build (first time only) promtool from promtool/go.mod and link it as
+# $BIN_DIR/promtool. Not a service: the alert rule tests run it (tests/env/tools promtool).
+ensure_promtool() {
+	local dir=$ENV_DIR/promtool ver key out
+	ver=$(go_mod_version "$dir" github.com/prometheus/prometheus)
+	# The build tags are an input too (see go_build below).
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/tools.go" <(echo "-tags remove_all_sd"))
+	out=$CACHE_DIR/bin/promtool-$key
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 promtool
+		if [[ ! -x $out ]]; then
+			log "building promtool $ver (first run, ~5 min of CPU: 3-10 min on 2 cores) ..."
+			# The module v0.3XX.Y is Prometheus 3.XX.Y (what `promtool --version` says).
+			local t0=$SECONDS x=github.com/prometheus/common/version rel=${ver#v0.}
+			rel=3.$((10#${rel%%.*} - 300)).${rel#*.}
+			# remove_all_sd: without the optional service discoveries (the cloud SDKs: AWS,
+			# Azure, GCE, ...), which the rule checks and unit tests do not use.
+			go_build "promtool $ver" "$dir" "$STATE_DIR/build-promtool.log" -- -tags remove_all_sd \
+				-ldflags "-s -w -X $x.Version=$rel -X $x.Branch=HEAD -X $x.BuildUser=kubecast-tests" \
+				-o "$out.tmp" github.com/prometheus/prometheus/cmd/promtool
+			mv -f "$out.tmp" "$out"
+			log "built promtool $ver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" promtool
+}
+
+# ensure_prometheus_crds: fetch (first time only) prometheus-operator's CRDs from the Go module
+# pinned in prometheus-operator/go.mod (its zip holds example/prometheus-operator-crd/) into
+# the cache and link the directory as $BIN_DIR/prometheus-operator-crds. The chart tests
+# install the PrometheusRule CRD from there (tests/env/tools prometheus-crds).
+ensure_prometheus_crds() {
+	local dir=$ENV_DIR/prometheus-operator mod=github.com/prometheus-operator/prometheus-operator ver key out src
+	ver=$(go_mod_version "$dir" "$mod")
+	key=$ver-$(inputs_hash "$dir/go.mod" "$dir/go.sum")
+	out=$CACHE_DIR/prometheus-operator-crds-$key
+	if [[ ! -f $out/.complete ]]; then
+		find_go
+		lock_build 8 prometheus-crds
+		if [[ ! -f $out/.complete ]]; then
+			log "fetching prometheus-operator $ver CRDs from the Go module proxy ..."
+			# Checked against go.sum; the module's files land in Go's module cache.
+			src=$(cd "$dir" && "$GO" mod download -json "$mod" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+			[[ -n $src && -d $src/example/prometheus-operator-crd ]] || die "go mod download $mod@$ver gave no example/prometheus-operator-crd"
+			rm -rf "$out.tmp"
+			mkdir -p "$out.tmp"
+			cp "$src"/example/prometheus-operator-crd/*.yaml "$out.tmp/"
+			chmod -R u+w "$out.tmp"
+			touch "$out.tmp/.complete"
+			rm -rf "$out"
+			mv -f "$out.tmp" "$out"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" prometheus-operator-crds
+}
+
 kafka_version() {
 	sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ENV_DIR/kafka/pom.xml" | head -n1
 }
@@ -467,6 +526,10 @@ write_env() {
 		# Tools built by tests/env/tools (not services: present once built).
 		if [[ -x $BIN_DIR/helm ]]; then kv HELM "$BIN_DIR/helm"; fi
 		if [[ -x $BIN_DIR/otelcol ]]; then kv OTELCOL "$BIN_DIR/otelcol"; fi
+		if [[ -x $BIN_DIR/promtool ]]; then kv PROMTOOL "$BIN_DIR/promtool"; fi
+		if [[ -f $BIN_DIR/prometheus-operator-crds/.complete ]]; then
+			kv PROMETHEUS_OPERATOR_CRDS "$BIN_DIR/prometheus-operator-crds"
+		fi
 	} >"$tmp"
 	mv -f "$tmp" "$STATE_DIR/env"
 }
