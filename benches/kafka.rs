@@ -53,7 +53,7 @@ async fn run() {
     let topic = |side: &str, round: usize| format!("bench.{side}.{run}.{round}");
     let mut topics = vec![format!("bench.warmup.{run}")];
     for r in 0..rounds {
-        topics.extend(["raw", "rawh", "kubecast"].map(|side| topic(side, r)));
+        topics.extend(SIDES.map(|side| topic(side, r)));
     }
     create_topics(&brokers, &topics, partitions).await;
     println!(
@@ -69,9 +69,14 @@ async fn run() {
         println!("round {}/{rounds}", r + 1);
         let kubecast_side = async {
             if !common::side("kubecast") {
-                return nan;
+                return vec![nan; 1 + COMMIT_INTERVALS.len()];
             }
-            common::kubecast(&kafka_sink(&brokers, &topic("kubecast", r)), &recording).await
+            let mut out = vec![common::kubecast(&kafka_sink(&brokers, &topic("kubecast", r), false), &recording).await];
+            for ms in COMMIT_INTERVALS {
+                let sink = kafka_sink(&brokers, &topic(&format!("eos{ms}"), r), true);
+                out.push(common::kubecast_paced(&sink, &recording, None, &eos_checkpoint(ms)).await);
+            }
+            out
         };
         let raw_side = async {
             if !common::side("raw") {
@@ -84,13 +89,104 @@ async fn run() {
         };
         let ((raw_figures, raw_headers), kc) = common::in_turn(r, raw_side, kubecast_side).await;
         // Each round writes ~1 GB per 50k events: freed at once.
-        delete_topics(&brokers, &["raw", "rawh", "kubecast"].map(|side| topic(side, r))).await;
-        results.push(common::Round {
-            raw: raw_figures,
-            runs: vec![("raw producer + kubecast's CloudEvents headers", raw_headers), ("kubecast delivery", kc)],
-        });
+        delete_topics(&brokers, &SIDES.map(|side| topic(side, r))).await;
+        let mut runs =
+            vec![("raw producer + kubecast's CloudEvents headers", raw_headers), ("kubecast delivery", kc[0])];
+        for (i, name) in [
+            "kubecast exactly once, commit 200 ms",
+            "kubecast exactly once, commit 1000 ms (default)",
+            "kubecast exactly once, commit 5000 ms",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            runs.push((name, kc[1 + i]));
+        }
+        results.push(common::Round { raw: raw_figures, runs });
     }
     common::report(events, "raw rdkafka producer", &results);
+    common::report_like_for_like(
+        &results,
+        &COMMIT_INTERVALS.map(|ms| match ms {
+            200 => ("kubecast exactly once, commit 200 ms", "kubecast delivery"),
+            1000 => ("kubecast exactly once, commit 1000 ms (default)", "kubecast delivery"),
+            _ => ("kubecast exactly once, commit 5000 ms", "kubecast delivery"),
+        }),
+    );
+    if common::side("kubecast") {
+        latency(&brokers, &recording).await;
+    }
+}
+
+/// The topic sides of a round: the raw producer, with headers, kubecast, and kubecast with
+/// exactly once at each commit interval.
+const SIDES: [&str; 6] = ["raw", "rawh", "kubecast", "eos200", "eos1000", "eos5000"];
+/// `[checkpoint] flush_interval_ms` (the commit interval with exactly once) of the runs.
+const COMMIT_INTERVALS: [u64; 3] = [200, 1000, 5000];
+/// Events per second of the latency runs.
+const PACE: u32 = 2000;
+
+/// The `[checkpoint]` lines of an exactly-once run.
+fn eos_checkpoint(ms: u64) -> String {
+    format!("store = \"kafka\"\nflush_interval_ms = {ms}")
+}
+
+/// End-to-end latency at a steady `PACE` events per second: from the event's making
+/// (`ce_time`, kubecast's shaping stage; the recorded stream has no apiserver) to the record
+/// read by a `read_committed` consumer, for kubecast without and with exactly once.
+async fn latency(brokers: &str, recording: &std::sync::Arc<Vec<bytes::Bytes>>) {
+    let n = (PACE as usize * 8).min(recording.len());
+    let recording = std::sync::Arc::new(recording[..n].to_vec());
+    println!("\nend-to-end latency at {PACE} events/s, {n} events (event made -> read by a read_committed consumer):");
+    println!("{:<44} {:>10} {:>10} {:>10}", "", "p50 ms", "p99 ms", "max ms");
+    let run = std::process::id();
+    let mut cases: Vec<(String, Option<u64>)> = vec![("kubecast delivery".into(), None)];
+    cases.extend(COMMIT_INTERVALS.map(|ms| (format!("kubecast exactly once, commit {ms} ms"), Some(ms))));
+    for (name, eos) in cases {
+        let topic = format!("bench.latency.{run}.{}", eos.unwrap_or(0));
+        create_topics(brokers, std::slice::from_ref(&topic), 6).await;
+        let reader = tokio::spawn(read_latencies(brokers.to_string(), topic.clone(), n));
+        let sink = kafka_sink(brokers, &topic, eos.is_some());
+        let checkpoint = eos.map(eos_checkpoint).unwrap_or_default();
+        common::kubecast_paced(&sink, &recording, Some(PACE), &checkpoint).await;
+        let mut ms = reader.await.unwrap();
+        ms.sort_by(f64::total_cmp);
+        let q = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+        println!("{name:<44} {:>10.1} {:>10.1} {:>10.1}", q(0.5), q(0.99), q(1.0));
+        delete_topics(brokers, &[topic]).await;
+    }
+}
+
+/// Reads `n` records of `topic` with `read_committed`; per record, the milliseconds from its
+/// `ce_time` header to its arrival.
+async fn read_latencies(brokers: String, topic: String, n: usize) -> Vec<f64> {
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::Headers;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", format!("bench-latency-{}", std::process::id()))
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "10")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[&topic]).expect("subscribe");
+    let mut out = Vec::with_capacity(n);
+    let mut stream = consumer.stream();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while out.len() < n && Instant::now() < deadline {
+        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), stream.next()).await else { continue };
+        let now = chrono::Utc::now();
+        let time =
+            m.headers().and_then(|h| h.iter().find(|h| h.key == "ce_time").and_then(|h| h.value.map(<[u8]>::to_vec)));
+        if let Some(t) = time.and_then(|t| chrono::DateTime::parse_from_rfc3339(std::str::from_utf8(&t).ok()?).ok()) {
+            out.push((now - t.with_timezone(&chrono::Utc)).num_microseconds().unwrap_or(0) as f64 / 1000.0);
+        }
+    }
+    assert!(!out.is_empty(), "no record of {topic} read");
+    out
 }
 
 /// Creates `topics` with `partitions` partitions each, before anything is measured.
@@ -114,11 +210,12 @@ async fn delete_topics(brokers: &str, topics: &[String]) {
     }
 }
 
-/// kubecast's `[sink]` table: Kafka in binary mode (the default), `extra_properties` passed on.
-fn kafka_sink(brokers: &str, topic: &str) -> String {
+/// kubecast's `[sink]` table: Kafka in binary mode (the default), `exactly_once` as given,
+/// `extra_properties` passed on.
+fn kafka_sink(brokers: &str, topic: &str, exactly_once: bool) -> String {
     let properties: String = extra_properties().iter().map(|(k, v)| format!("{k:?} = {v:?}\n")).collect();
     format!(
-        "[sink]\ntype = \"kafka\"\n\n[sink.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\n\n[sink.kafka.properties]\n{properties}"
+        "[sink]\ntype = \"kafka\"\n\n[sink.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\nexactly_once = {exactly_once}\n\n[sink.kafka.properties]\n{properties}"
     )
 }
 

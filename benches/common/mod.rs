@@ -16,6 +16,7 @@ use kubecast::model::{Change, CloudEvent, Effect, EventSource, IndexEntry, Index
 use kubecast::sink::Sink;
 use kubecast::source::reflector::Item;
 use kubecast::state::store::file::FileStore;
+use kubecast::state::store::kafka::{KafkaStore, KafkaStoreConfig};
 use kubecast::state::store::{Owner, Store};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -262,8 +263,13 @@ fn pod(n: usize, generation: usize) -> Value {
 /// (the raw side sends the same bytes), the `[sink]` table `sink`, checkpoints in `dir`. Loaded
 /// as the binary loads its file (`KUBECAST_*__*` variables apply).
 pub fn config(dir: &Path, sink: &str) -> Config {
+    config_with(dir, sink, "")
+}
+
+/// [`config`] with `checkpoint` lines in `[checkpoint]` (e.g. `store = "kafka"`).
+pub fn config_with(dir: &Path, sink: &str, checkpoint: &str) -> Config {
     let text = format!(
-        "[cluster]\nname = \"bench\"\n\n[checkpoint]\ndir = \"{}\"\n\n{sink}\n\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nnamespaces = [\"shop\"]\nkeep_managed_fields = true\n",
+        "[cluster]\nname = \"bench\"\n\n[checkpoint]\ndir = \"{}\"\n{checkpoint}\n\n{sink}\n\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nnamespaces = [\"shop\"]\nkeep_managed_fields = true\n",
         dir.join("state").display()
     );
     let path = dir.join("kubecast.toml");
@@ -277,12 +283,41 @@ pub fn config(dir: &Path, sink: &str) -> Config {
 /// persister), the reflectors' channel fed with the items a reflector makes of the recorded
 /// watch lines ([`item`]). Measured from the first item to the last acknowledgement.
 pub async fn kubecast(sink: &str, recording: &Arc<Vec<bytes::Bytes>>) -> (f64, f64) {
+    kubecast_paced(sink, recording, None, "").await
+}
+
+/// [`kubecast`], the items fed at `pace` per second when given (else as fast as the stages
+/// take them), `checkpoint` lines added to `[checkpoint]`. With `[sink.kafka] exactly_once`
+/// the state is a Kafka store on the sink's cluster (a fresh state topic) whose transaction
+/// the sink joins, as `kubecast run` opens them; the measurement then ends with the final
+/// commit (the events are visible to `read_committed` consumers only from there).
+pub async fn kubecast_paced(
+    sink: &str,
+    recording: &Arc<Vec<bytes::Bytes>>,
+    pace: Option<u32>,
+    checkpoint: &str,
+) -> (f64, f64) {
     let dir = tempfile::tempdir().unwrap();
-    let mut pipeline = Pipeline::new(config(dir.path(), sink));
-    let store = FileStore::open(&pipeline.config.checkpoint.dir, Owner::default()).expect("checkpoint store");
-    pipeline.load(Store::File(store)).await.expect("positions");
-    let config = &pipeline.config;
+    let mut pipeline = Pipeline::new(config_with(dir.path(), sink, checkpoint));
+    let config = pipeline.config.clone();
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await.expect("sink"));
+    let store = match sink.kafka().filter(|k| k.exactly_once()) {
+        Some(k) => {
+            let name = format!("bench-state.{}.{}", std::process::id(), kubecast_kit::unique("eos"));
+            let cfg = KafkaStoreConfig {
+                client: k.client_config().clone(),
+                topic: name.clone(),
+                create_topic: true,
+                transactional_id: name,
+                exactly_once: true,
+            };
+            let store = KafkaStore::open(cfg, Owner::default()).await.expect("Kafka state store");
+            k.attach(store.transaction().clone());
+            Store::Kafka(Arc::new(store))
+        }
+        None => Store::File(FileStore::open(&config.checkpoint.dir, Owner::default()).expect("checkpoint store")),
+    };
+    pipeline.load(store).await.expect("positions");
     let source = Arc::new(EventSource::new(&config.cluster.name, &pods()));
     // Shared with the caller; each line is copied as it is read (`read`).
     let recording = recording.clone();
@@ -293,9 +328,17 @@ pub async fn kubecast(sink: &str, recording: &Arc<Vec<bytes::Bytes>>) -> (f64, f
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     // Tasks of the runtime, as in the binary: its two workers run everything, the thread
     // blocked on the benchmark's main future stays idle.
-    let downstream = pipeline.start_downstream(sink, items_rx, &cancel);
+    let mut downstream = pipeline.start_downstream(sink, items_rx, &cancel);
     let reflector = tokio::spawn(async move {
+        let mut tick = pace.map(|p| {
+            let mut t = tokio::time::interval(std::time::Duration::from_secs(1) / p.max(1));
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            t
+        });
         for (seq, line) in recording.iter().enumerate() {
+            if let Some(t) = tick.as_mut() {
+                t.tick().await;
+            }
             if items_tx.send(item(seq as u64, &read(line), &source)).await.is_err() {
                 return;
             }
@@ -303,12 +346,23 @@ pub async fn kubecast(sink: &str, recording: &Arc<Vec<bytes::Bytes>>) -> (f64, f
         // The channel closes here: the shaper ends, then the queue once all is delivered.
     });
     downstream.queue.await.unwrap().expect("delivered");
+    let exactly_once = pipeline.store().gate().is_some();
+    if exactly_once {
+        // The last transaction commits with the final state write.
+        cancel.cancel();
+        downstream.persister.take().unwrap().await.unwrap().expect("persisted");
+        kubecast::state::persister::write_changed(pipeline.store(), pipeline.checkpoints())
+            .await
+            .expect("final commit");
+    }
     let figures = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
     reflector.await.unwrap();
     downstream.shaper.await.unwrap();
-    println!("kubecast {}", cpu_split(&threads0, events));
+    println!("kubecast{} {}", if exactly_once { " (exactly once)" } else { "" }, cpu_split(&threads0, events));
     cancel.cancel();
-    downstream.persister.unwrap().await.unwrap().expect("persisted");
+    if let Some(p) = downstream.persister {
+        p.await.unwrap().expect("persisted");
+    }
     figures
 }
 
