@@ -276,7 +276,7 @@ ensure_consumer_python() {
 	if [[ ! -f $venv/.complete ]]; then
 		lock_build 8 consumer-python
 		if [[ ! -f $venv/.complete ]]; then
-			log "building the Python consumer's venv (first run, ~20 s) ..."
+			log "building the Python consumer's venv (first run, ~20-30 s) ..."
 			local t0=$SECONDS logf=$STATE_DIR/build-consumer-python.log
 			rm -rf "$venv"
 			# Every package is pinned in requirements.txt (--no-deps; pip check proves none is missing).
@@ -306,7 +306,7 @@ ensure_consumer_go() {
 		find_go
 		lock_build 8 consumer-go
 		if [[ ! -x $out ]]; then
-			log "building the Go consumer (first run, ~1-2 min) ..."
+			log "building the Go consumer (first run, ~1-3 min) ..."
 			local t0=$SECONDS
 			go_build "the Go consumer" "$dir" "$STATE_DIR/build-consumer-go.log" -- -ldflags '-s -w' -o "$out.tmp" .
 			mv -f "$out.tmp" "$out"
@@ -325,7 +325,7 @@ ensure_consumer_java() {
 		find_mvn
 		lock_build 8 consumer-java
 		if [[ ! -f $out/.complete ]]; then
-			log "building the Java consumer with Maven (first run, ~30 s) ..."
+			log "building the Java consumer with Maven (first run, ~20-60 s) ..."
 			local t0=$SECONDS tmp=$out.tmp logf=$STATE_DIR/build-consumer-java.log
 			rm -rf "$tmp"
 			mkdir -p "$tmp"
