@@ -106,18 +106,33 @@ impl Target {
 }
 
 impl Drop for Target {
+    /// Deletes the topic or stream (best effort, on a runtime of its own: the test's may be
+    /// shutting down).
     fn drop(&mut self) {
-        if let Self::Nats { js, stream, .. } = self {
-            let (js, name) = (js.clone(), stream.clone());
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                rt.block_on(async move {
-                    let _ = tokio::time::timeout(Duration::from_secs(5), js.delete_stream(&name)).await;
-                });
-            })
-            .join()
-            .ok();
-        }
+        let what = match self {
+            Self::Kafka { topic } => Err(topic.clone()),
+            Self::Nats { js, stream, .. } => Ok(((**js).clone(), stream.clone())),
+        };
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let five = Duration::from_secs(5);
+                match what {
+                    Err(topic) => {
+                        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+                            .create()
+                            .unwrap();
+                        let _ = tokio::time::timeout(five, admin.delete_topics(&[&topic], &AdminOptions::new())).await;
+                    }
+                    Ok((js, stream)) => {
+                        let _ = tokio::time::timeout(five, js.delete_stream(&stream)).await;
+                    }
+                }
+            });
+        })
+        .join()
+        .ok();
     }
 }
 

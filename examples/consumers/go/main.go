@@ -99,18 +99,22 @@ func toEvent(m binding.Message) (*event.Event, bool) {
 func consumeKafka(brokers, topic string, idle time.Duration, v *View) {
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V2_1_0_0 // the oldest protocol Kafka 4 speaks
+	cfg.Metadata.AllowAutoTopicCreation = false
 	consumer, err := sarama.NewConsumer(strings.Split(brokers, ","), cfg)
 	if err != nil {
 		log.Fatalf("kafka: %v", err)
 	}
 	defer consumer.Close()
 	partitions, err := consumer.Partitions(topic)
+	if err == nil && len(partitions) == 0 {
+		err = fmt.Errorf("no partitions")
+	}
 	if err != nil {
 		log.Fatalf("kafka topic %s: %v", topic, err)
 	}
 	// Every partition from its beginning, no group: the whole topic, each partition in its
 	// own order (an object's events are all in one partition). One loop applies them all.
-	msgs := make(chan *sarama.ConsumerMessage)
+	msgs, done := make(chan *sarama.ConsumerMessage), make(chan struct{})
 	for _, p := range partitions {
 		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
 		if err != nil {
@@ -119,10 +123,14 @@ func consumeKafka(brokers, topic string, idle time.Duration, v *View) {
 		defer pc.Close()
 		go func() {
 			for m := range pc.Messages() {
-				msgs <- m
+				select {
+				case msgs <- m:
+				case <-done: // stopping: drain, so that pc.Close can finish
+				}
 			}
 		}()
 	}
+	defer close(done) // runs before the pc.Close calls above
 	for {
 		select {
 		case m := <-msgs:

@@ -73,8 +73,10 @@ def consume_kafka(args, view):
     })
     # Every partition from its beginning, no group rebalancing: the whole topic, each
     # partition in its own order (an object's events are all in one partition).
-    meta = consumer.list_topics(args.topic, timeout=30)
-    parts = meta.topics[args.topic].partitions
+    topic = consumer.list_topics(args.topic, timeout=30).topics[args.topic]
+    if topic.error or not topic.partitions:
+        sys.exit(f"kafka topic {args.topic}: {topic.error or 'no partitions'}")
+    parts = topic.partitions
     consumer.assign([TopicPartition(args.topic, p, OFFSET_BEGINNING) for p in parts])
     last = time.monotonic()
     while time.monotonic() - last < args.idle_seconds:

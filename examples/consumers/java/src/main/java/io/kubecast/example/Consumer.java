@@ -83,6 +83,7 @@ public final class Consumer {
     Properties props = new Properties();
     props.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, brokers);
     props.put(ConsumerConfig.ENABLE_AUTO_COMMIT_CONFIG, "false");
+    props.put(ConsumerConfig.ALLOW_AUTO_CREATE_TOPICS_CONFIG, "false");
     // Values as bytes: a tombstone (null value, [sink.kafka] tombstones = true) is no event.
     CloudEventDeserializer events = new CloudEventDeserializer();
     events.configure(Map.of(), false);
@@ -93,6 +94,9 @@ public final class Consumer {
       List<TopicPartition> partitions = new ArrayList<>();
       for (PartitionInfo p : consumer.partitionsFor(topic, Duration.ofSeconds(30))) {
         partitions.add(new TopicPartition(topic, p.partition()));
+      }
+      if (partitions.isEmpty()) {
+        throw new IllegalStateException("kafka topic " + topic + ": no partitions (does it exist?)");
       }
       consumer.assign(partitions);
       consumer.seekToBeginning(partitions);
