@@ -330,12 +330,16 @@ ensure_consumer_java() {
 			rm -rf "$tmp"
 			mkdir -p "$tmp"
 			cp -r "$dir/pom.xml" "$dir/src" "$tmp/"
+			# Not beside the Kafka jar fetch of a concurrent `up` (both fill ~/.m2, which Maven
+			# does not lock; kafka-clients is in both).
+			lock_build 7 kafka
 			# Offline first (everything pinned is in ~/.m2 after one online build), else online.
 			if ! (cd "$tmp" && { mvn -B -q -o package || mvn -B -q package; }) >"$logf" 2>&1; then
 				log "building the Java consumer failed; last lines of $logf:"
 				tail -n 30 "$logf" | sed 's/^/    /' >&2
 				exit 1
 			fi
+			unlock_build 7
 			rm -f "$logf"
 			mkdir -p "$tmp/out"
 			mv "$tmp/target/kubecast-consumer.jar" "$tmp/target/lib" "$tmp/out/"
