@@ -2,7 +2,7 @@
 """A kubecast consumer in Python: rebuilds the current set of objects (a materialized view)
 from a Kafka topic or a NATS JetStream stream that kubecast publishes to.
 
-What a service needs, in ~100 lines:
+What a service needs:
   * parse each CloudEvent with the official SDK (`cloudevents`), binary or structured mode;
   * drop duplicates by `source` + `id` (kubecast re-sends after a crash with the same ids);
   * keep per-object order: apply events one by one in the order of their partition (Kafka,
