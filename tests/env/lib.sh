@@ -339,6 +339,107 @@ ensure_prometheus_crds() {
 	link_bin "$out" prometheus-operator-crds
 }
 
+# ensure_consumers: the consumer examples of examples/consumers (tests/consumers.rs), each
+# built once per version of its inputs and cached: a Python venv from requirements.txt, the Go
+# binary, the Java jar with its lib/. Linked as $BIN_DIR/consumer-{python,go,java} (keys
+# CONSUMER_PYTHON, CONSUMER_GO, CONSUMER_JAVA: commands taking the consumers' options).
+ensure_consumers() {
+	local src=$REPO_DIR/examples/consumers
+	ensure_consumer_python "$src/python"
+	ensure_consumer_go "$src/go"
+	ensure_consumer_java "$src/java"
+}
+
+ensure_consumer_python() {
+	local dir=$1 py=${PYTHON:-python3} pyver venv
+	command -v "$py" >/dev/null 2>&1 || die "$py not found in PATH; the Python consumer example needs Python >= 3.10 with venv (Debian: apt-get install python3-venv)"
+	pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || die "$py does not run"
+	"$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))' || die "$py is Python $pyver; the consumer example needs >= 3.10"
+	venv=$CACHE_DIR/consumer-python-$pyver-$(inputs_hash "$dir/requirements.txt")
+	if [[ ! -f $venv/.complete ]]; then
+		lock_build 8 consumer-python
+		if [[ ! -f $venv/.complete ]]; then
+			log "building the Python consumer's venv (first run, ~20-30 s) ..."
+			local t0=$SECONDS logf=$STATE_DIR/build-consumer-python.log
+			rm -rf "$venv"
+			# Every package is pinned in requirements.txt (--no-deps; pip check proves none is missing).
+			if ! { "$py" -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check --no-deps \
+				-r "$dir/requirements.txt" && "$venv/bin/pip" check; } >"$logf" 2>&1; then
+				log "building the Python consumer's venv failed; last lines of $logf:"
+				tail -n 30 "$logf" | sed 's/^/    /' >&2
+				exit 1
+			fi
+			rm -f "$logf"
+			touch "$venv/.complete"
+			log "built the Python consumer's venv in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	# The script runs from this checkout; only the venv is shared.
+	mkdir -p "$BIN_DIR"
+	rm -f "$BIN_DIR/consumer-python"
+	printf '#!/bin/sh\nexec %q %q "$@"\n' "$venv/bin/python" "$dir/consumer.py" >"$BIN_DIR/consumer-python"
+	chmod +x "$BIN_DIR/consumer-python"
+}
+
+ensure_consumer_go() {
+	local dir=$1 out
+	out=$CACHE_DIR/bin/consumer-go-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/main.go")
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 consumer-go
+		if [[ ! -x $out ]]; then
+			log "building the Go consumer (first run, ~1-3 min) ..."
+			local t0=$SECONDS
+			go_build "the Go consumer" "$dir" "$STATE_DIR/build-consumer-go.log" -- -ldflags '-s -w' -o "$out.tmp" .
+			mv -f "$out.tmp" "$out"
+			log "built the Go consumer in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" consumer-go
+}
+
+ensure_consumer_java() {
+	local dir=$1 out
+	out=$CACHE_DIR/consumer-java-$(inputs_hash "$dir/pom.xml" $(find "$dir/src" -type f | LC_ALL=C sort))
+	if [[ ! -f $out/.complete ]]; then
+		find_java
+		find_mvn
+		lock_build 8 consumer-java
+		if [[ ! -f $out/.complete ]]; then
+			log "building the Java consumer with Maven (first run, ~20-60 s) ..."
+			local t0=$SECONDS tmp=$out.tmp logf=$STATE_DIR/build-consumer-java.log
+			rm -rf "$tmp"
+			mkdir -p "$tmp"
+			cp -r "$dir/pom.xml" "$dir/src" "$tmp/"
+			# Not beside the Kafka jar fetch of a concurrent `up` (both fill ~/.m2, which Maven
+			# does not lock; kafka-clients is in both).
+			lock_build 7 kafka
+			# Offline first (everything pinned is in ~/.m2 after one online build), else online.
+			if ! (cd "$tmp" && { mvn -B -q -o package || mvn -B -q package; }) >"$logf" 2>&1; then
+				log "building the Java consumer failed; last lines of $logf:"
+				tail -n 30 "$logf" | sed 's/^/    /' >&2
+				exit 1
+			fi
+			unlock_build 7
+			rm -f "$logf"
+			mkdir -p "$tmp/out"
+			mv "$tmp/target/kubecast-consumer.jar" "$tmp/target/lib" "$tmp/out/"
+			printf '#!/bin/sh\nexec java -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -cp %q io.kubecast.example.Consumer "$@"\n' \
+				"$out/kubecast-consumer.jar:$out/lib/*" >"$tmp/out/consumer-java"
+			chmod +x "$tmp/out/consumer-java"
+			touch "$tmp/out/.complete"
+			rm -rf "$out"
+			mv "$tmp/out" "$out"
+			rm -rf "$tmp"
+			log "built the Java consumer in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out/consumer-java" consumer-java
+}
+
 kafka_version() {
 	sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$ENV_DIR/kafka/pom.xml" | head -n1
 }
@@ -530,6 +631,9 @@ write_env() {
 		if [[ -f $BIN_DIR/prometheus-operator-crds/.complete ]]; then
 			kv PROMETHEUS_OPERATOR_CRDS "$BIN_DIR/prometheus-operator-crds"
 		fi
+		if [[ -x $BIN_DIR/consumer-python ]]; then kv CONSUMER_PYTHON "$BIN_DIR/consumer-python"; fi
+		if [[ -x $BIN_DIR/consumer-go ]]; then kv CONSUMER_GO "$BIN_DIR/consumer-go"; fi
+		if [[ -x $BIN_DIR/consumer-java ]]; then kv CONSUMER_JAVA "$BIN_DIR/consumer-java"; fi
 	} >"$tmp"
 	mv -f "$tmp" "$STATE_DIR/env"
 }
