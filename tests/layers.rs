@@ -17,7 +17,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("observe", &["model"]),
     ("source", &["model", "observe"]),
     ("sink", &["model", "observe"]),
-    ("state", &["model", "observe"]),
+    ("state", &["model", "observe", "sink"]),
     ("delivery", &["model", "observe", "sink", "state"]),
     ("shaping", &["model", "observe", "source", "sink", "delivery"]),
     ("config", &["model", "observe", "source", "sink", "state", "delivery", "shaping"]),

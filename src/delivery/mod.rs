@@ -13,7 +13,6 @@
 mod config;
 pub(crate) mod dead_letter;
 mod error;
-pub mod gate;
 pub(crate) mod queue;
 pub(crate) mod retry;
 #[cfg(test)]

@@ -23,8 +23,8 @@ use tracing::warn;
 
 use super::dead_letter::DeadLetter;
 pub use super::error::DeliveryError;
-use super::gate::{Gate, Pass};
 use super::retry::RetryPolicy;
+use crate::model::gate::{Gate, Pass};
 use crate::model::{Effect, Verb};
 use crate::observe::metrics::StreamMetrics;
 use crate::sink::{Outbound, SendError, Sink};

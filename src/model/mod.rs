@@ -7,6 +7,7 @@
 pub mod attributes;
 pub mod event;
 pub mod fields;
+pub mod gate;
 pub mod index;
 pub(crate) mod json_check;
 pub mod object;

@@ -38,7 +38,7 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use tokio::sync::Notify;
 use tracing::{debug, error, warn};
 
-pub use crate::delivery::gate::Gate;
+pub use crate::model::gate::Gate;
 
 /// How long one transactional call may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);

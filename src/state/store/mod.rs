@@ -85,7 +85,7 @@ impl Store {
 
     /// Exactly-once into Kafka: the gate the delivery queue passes for each event, sealed by
     /// each write.
-    pub fn gate(&self) -> Option<Arc<crate::delivery::gate::Gate>> {
+    pub fn gate(&self) -> Option<Arc<crate::model::gate::Gate>> {
         match self {
             Store::Kafka(k) if k.transaction().exactly_once() => Some(k.transaction().gate().clone()),
             _ => None,

@@ -1,4 +1,5 @@
-//! A gate between the delivery queue and a commit (exactly-once into Kafka): each event holds
+//! A gate between the delivery queue and a commit (exactly-once into Kafka; a contract shared
+//! by `delivery`, `sink` and `state`, so it lives here): each event holds
 //! a [`Pass`] from before its send until its acknowledgement; [`Gate::seal`] stops new passes
 //! and waits until the last one is dropped. While sealed, every event sent is acknowledged,
 //! so the state taken then covers exactly the events in the transaction being committed.
