@@ -36,7 +36,8 @@ pub enum CheckpointError {
     Fenced { what: String, why: String },
     #[error("{what}: {cause}")]
     Broker { what: String, cause: String },
-    /// The store is set up in a way kubecast cannot keep state in (not retried).
+    /// The store is set up in a way kubecast cannot keep state in, or (exactly-once) a
+    /// transaction holds a record no retry can deliver (not retried: the process stops).
     #[error("{what}: {why}")]
     Unusable { what: String, why: String },
 }
@@ -44,6 +45,6 @@ pub enum CheckpointError {
 impl CheckpointError {
     /// Whether retrying the write can help (else the process stops).
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Self::Fenced { .. } | Self::OtherCluster { .. } | Self::Locked { .. })
+        matches!(self, Self::Fenced { .. } | Self::OtherCluster { .. } | Self::Locked { .. } | Self::Unusable { .. })
     }
 }
