@@ -431,5 +431,12 @@ async fn a_record_no_retry_delivers_stops_kubecast_and_is_sent_after_the_fix() {
     let mut names: Vec<&str> = seen.iter().map(|s| s.name.as_str()).collect();
     names.sort();
     assert_eq!(names, ["p00", "p01", "p02"], "each once: {seen:?}");
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let committed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kubecast_kafka_transactions_total{outcome=\"committed\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(committed.is_some_and(|n| n >= 1.0), "committed transactions counted:\n{metrics}");
+    assert!(metrics.contains("kubecast_kafka_transaction_events "), "{metrics}");
     assert!(kc.stop().success(), "{}", kc.log());
 }

@@ -48,6 +48,11 @@ pub struct Stream {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Build {
     pub version: &'static str,
 }
@@ -76,6 +81,10 @@ pub struct Metrics {
     pub watch_objects_slow: Counter,
     pub sink_connected: Gauge,
     pub build_info: Family<Build, Gauge>,
+    /// Exactly-once into Kafka: transactions committed and aborted.
+    pub transactions: Family<Outcome, Counter>,
+    /// Exactly-once into Kafka: events in the open transaction.
+    pub transaction_events: Gauge,
 }
 
 impl Metrics {
@@ -105,6 +114,8 @@ impl Metrics {
             watch_objects_slow: Counter::default(),
             sink_connected: Gauge::default(),
             build_info: Family::default(),
+            transactions: Family::default(),
+            transaction_events: Gauge::default(),
         };
         let r = &mut registry;
         r.register("events_observed", "Changes read from the watches and lists", m.events_observed.clone());
@@ -171,6 +182,16 @@ impl Metrics {
         );
         r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
         r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());
+        r.register(
+            "kafka_transactions",
+            "Kafka transactions of the state store (with [sink.kafka] exactly_once: and the events), by outcome: committed, aborted",
+            m.transactions.clone(),
+        );
+        r.register(
+            "kafka_transaction_events",
+            "Events in the open Kafka transaction ([sink.kafka] exactly_once), not visible to read_committed consumers yet",
+            m.transaction_events.clone(),
+        );
         m.build_info.get_or_create(&Build { version: env!("CARGO_PKG_VERSION") }).set(1);
         Metrics { registry, ..m }
     }

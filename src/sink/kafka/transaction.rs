@@ -39,6 +39,7 @@ use tokio::sync::Notify;
 use tracing::{debug, error, warn};
 
 pub use crate::model::gate::Gate;
+use crate::observe::metrics;
 
 /// How long one transactional call may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -250,6 +251,7 @@ impl Transaction {
                 if !queue_full {
                     inner.event_bytes += record.size();
                     inner.events.push(record);
+                    metrics::get().transaction_events.set(inner.events.len() as i64);
                     if inner.events.len() >= COMMIT_SOON_EVENTS || inner.event_bytes >= COMMIT_SOON_BYTES {
                         self.commit_soon.notify_one();
                     }
@@ -274,6 +276,8 @@ impl Transaction {
         let committed = committed.and_then(|()| self.producer.commit_transaction(TIMEOUT));
         match committed {
             Ok(()) => {
+                outcome("committed");
+                metrics::get().transaction_events.set(0);
                 self.committed_events.fetch_add(inner.events.len() as u64, Ordering::Relaxed);
                 inner.events.clear();
                 inner.events.shrink_to(1024);
@@ -308,6 +312,11 @@ impl Transaction {
     fn ready(&self, inner: &mut Inner) -> Result<(), TxnError> {
         if inner.state == State::MustAbort {
             self.producer.abort_transaction(TIMEOUT).map_err(|e| self.failure(&e))?;
+            outcome("aborted");
+            warn!(
+                events = inner.events.len(),
+                "{}: transaction aborted; its events are sent again in the next one", self.what
+            );
             inner.state = State::Idle;
             if let Some(p) = self.poisoned() {
                 return Err(p);
@@ -350,6 +359,10 @@ impl Transaction {
             self.what
         )))
     }
+}
+
+fn outcome(outcome: &'static str) {
+    metrics::get().transactions.get_or_create(&metrics::Outcome { outcome }).inc();
 }
 
 fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
