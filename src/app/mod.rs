@@ -11,6 +11,7 @@ mod leadership;
 mod preflight;
 pub mod run;
 mod shutdown;
+pub mod state_cmd;
 mod store;
 mod supervise;
 pub mod wiring;
