@@ -212,6 +212,7 @@ async fn reset_now_then_snapshot(store: Store) {
     let shown: Value = serde_json::from_str(&state_ok(&cfg, &["show", &id, "-o", "json", "--entries", "10"])).unwrap();
     let names: BTreeSet<&str> = shown["entries"].as_array().unwrap().iter().map(|r| r[2].as_str().unwrap()).collect();
     assert_eq!(names, ["c1", "c2", "c4"].into_iter().collect(), "the current objects indexed: {shown:#}");
+    assert!(shown["resource_version"].as_str().is_some(), "a resume point: {shown:#}");
 
     let before = k.events().len();
     k.restart(&[]);
