@@ -179,6 +179,15 @@ async fn file_state_exported_and_imported_into_kafka_and_nats_resumes_without_sn
         assert_eq!(subjects(&evs), want, "{store:?}: only the changes, no snapshot:\n{}", common::pretty(&evs));
         assert_eq!(evs.len(), 3, "{store:?}:\n{}", common::pretty(&evs));
         assert!(k.stop().success(), "{}", k.log());
+        // Imported again: the document replaces the stream's state (c4, indexed by the run,
+        // is removed from the index; c2 is back).
+        state_ok(&target, &["import", exported.to_str().unwrap()]);
+        let shown: Value =
+            serde_json::from_str(&state_ok(&target, &["show", &id, "-o", "json", "--entries", "10"])).unwrap();
+        let names: BTreeSet<&str> =
+            shown["entries"].as_array().unwrap().iter().map(|r| r[2].as_str().unwrap()).collect();
+        assert_eq!(names, ["c1", "c2", "c3"].into_iter().collect(), "{store:?}: {shown:#}");
+        assert_eq!(shown["resource_version"], stored_rv.as_str(), "{store:?}: {shown:#}");
     }
 }
 

@@ -354,6 +354,39 @@ mod tests {
         assert!(l.finish().unwrap_err().to_string().contains("no position record"));
     }
 
+    #[test]
+    fn fold_all_finds_every_stream_by_its_position_record() {
+        let (a, b) = (key("Deployment"), key("StatefulSet"));
+        let me = owner(2, Some("uid-a"));
+        let mut latest = Latest::new();
+        let mut put = |k: String, v: Option<Vec<u8>>, ts: i64| {
+            latest.insert(k, (v, Some(ts)));
+        };
+        put(position_key(&a.id()), Some(PositionRecord::new(&a, &me, Some("10"), &[]).encode()), 5);
+        put(object_key(&a.id(), "u1"), Some(encode_object((&entry("3")).into())), 4);
+        put(object_key(&a.id(), "u2"), None, 4);
+        put(position_key(&b.id()), Some(PositionRecord::new(&b, &me, None, &[]).encode()), 7);
+        // A stream whose position record was deleted is no stream; its records are skipped.
+        let c = key("DaemonSet");
+        put(position_key(&c.id()), None, 8);
+        put(object_key(&c.id(), "u9"), Some(encode_object((&entry("9")).into())), 8);
+        let mut found = fold_all("test", &latest).unwrap();
+        found.sort_by_key(|s| s.record.stream.kind.clone());
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].record.stream, a);
+        assert_eq!(found[0].record.epoch, 2);
+        assert_eq!(found[0].position.objects.len(), 1);
+        assert_eq!(found[0].position.resource_version.as_deref(), Some("10"));
+        assert_eq!(found[0].written_ms, Some(5));
+        assert_eq!(found[1].record.stream, b);
+        assert!(found[1].position.objects.is_empty());
+        // An unreadable record of a stream is an error naming it.
+        latest.insert(object_key(&b.id(), "u3"), (Some(b"{".to_vec()), None));
+        assert!(fold_all("test", &latest).unwrap_err().to_string().contains(".o.u3"));
+        latest.insert(position_key(&b.id()), (Some(b"{\"format\":9}".to_vec()), None));
+        assert!(fold_all("test", &latest).unwrap_err().to_string().contains("format 9"));
+    }
+
     fn entry(rv: &str) -> IndexEntry {
         IndexEntry { namespace: Some("shop".into()), name: format!("n{rv}"), resource_version: rv.into() }
     }
