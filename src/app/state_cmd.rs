@@ -45,6 +45,7 @@ pub enum StateCommand {
     },
     /// One stream (its id or a unique prefix of it), with its first index entries.
     Show {
+        /// The stream id (`kubecast state list`) or a unique prefix of it.
         stream: String,
         #[arg(long, short, value_enum, default_value_t = Output::Table)]
         output: Output,
@@ -54,6 +55,7 @@ pub enum StateCommand {
     },
     /// Starts a stream of the config over.
     Reset {
+        /// The stream id (of the config's streams) or a unique prefix of it.
         stream: String,
         /// `now`: index the current objects at the current resourceVersion (nothing emitted,
         /// later changes and deletes are); `snapshot`: forget everything (every object is
@@ -68,6 +70,7 @@ pub enum StateCommand {
     Export,
     /// Writes the streams of an exported document into the configured store.
     Import {
+        /// A document written by `kubecast state export`.
         file: PathBuf,
         /// Write even while another process holds the Lease.
         #[arg(long)]
