@@ -274,23 +274,22 @@ async fn nats_reset_to_now_then_to_snapshot() {
 
 /// With `[coordination]`: a reset while a kubecast holds the Lease is refused, naming the
 /// holder; with `--force` it goes through, and the running kubecast (whose transactional.id
-/// the reset took over) stops at its next state write instead of overwriting it.
-#[tokio::test]
-async fn kafka_write_refused_while_the_lease_is_held_unless_forced() {
+/// the reset took over, or whose position record it claimed) stops at its next state write
+/// instead of overwriting it. The file store: `--force` still meets the directory's lock.
+async fn write_refused_while_the_lease_is_held_unless_forced(store: Store) {
     let client = common::client().await;
     let ns = TestNamespace::new(&client, "statecli-lease").await;
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     create_cm(&client, &ns.name, "c1", json!({}), json!({})).await;
     let name = common::unique("statecli-lease").replace('.', "-");
     let config = common::lease_cm_config(&ns.name, "statecli");
-    let mut k = Kubecast::start_with_checkpoint(&config, &Store::Kafka.lines(&name), &[]);
+    let mut k = Kubecast::start_with_checkpoint(&config, &store.lines(&name), &[]);
     k.wait_for("snapshot", WAIT, |e| e.len() == 1).await;
     let pid = k.pid().unwrap();
     let cfg = config_of(&k);
-    let id = serde_json::from_str::<Value>(&state_ok(&cfg, &["list", "-o", "json"])).unwrap()[0]["stream"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    // Reading works while it runs.
+    let listed = state_ok(&cfg, &["list", "-o", "json"]);
+    let id = serde_json::from_str::<Value>(&listed).unwrap()[0]["stream"].as_str().unwrap().to_string();
 
     let (ok, _, err) = state(&cfg, &["reset", &id, "--to", "now"]);
     assert!(!ok, "refused while held");
@@ -298,10 +297,21 @@ async fn kafka_write_refused_while_the_lease_is_held_unless_forced() {
         err.contains(&format!("lease {}/statecli is held by", ns.name)) && err.contains(&format!("-{pid} ")),
         "names the holder (pid {pid}): {err}"
     );
-    let (ok, _, err) = state(&cfg, &["import", "/nonexistent.json"]);
-    assert!(!ok && err.contains("/nonexistent.json"), "{err}");
+    let doc = k.dir.path().join("export.json");
+    std::fs::write(&doc, state_ok(&cfg, &["export"])).unwrap();
+    let (ok, _, err) = state(&cfg, &["import", doc.to_str().unwrap()]);
+    assert!(!ok && err.contains("is held by"), "{err}");
 
     let (ok, _, err) = state(&cfg, &["reset", &id, "--to", "now", "--force"]);
+    if store == Store::File {
+        assert!(
+            !ok && err.contains("in use by another kubecast process") && err.contains(&format!("pid {pid} ")),
+            "{err}"
+        );
+        assert!(k.exited().is_none(), "still running:\n{}", k.log());
+        assert!(k.stop().success(), "{}", k.log());
+        return;
+    }
     assert!(ok, "--force goes through: {err}");
     assert!(err.contains("--force"), "{err}");
     let shown: Value = serde_json::from_str(&state_ok(&cfg, &["show", &id, "-o", "json"])).unwrap();
@@ -313,4 +323,19 @@ async fn kafka_write_refused_while_the_lease_is_held_unless_forced() {
     assert!(k.log().contains("another kubecast process owns the state"), "{}", k.log());
     let shown: Value = serde_json::from_str(&state_ok(&cfg, &["show", &id, "-o", "json"])).unwrap();
     assert!(shown["writer"].as_str().unwrap().starts_with("kubecast state reset"), "not overwritten: {shown:#}");
+}
+
+#[tokio::test]
+async fn file_write_refused_while_the_lease_is_held_and_force_meets_the_lock() {
+    write_refused_while_the_lease_is_held_unless_forced(Store::File).await;
+}
+
+#[tokio::test]
+async fn kafka_write_refused_while_the_lease_is_held_unless_forced() {
+    write_refused_while_the_lease_is_held_unless_forced(Store::Kafka).await;
+}
+
+#[tokio::test]
+async fn nats_write_refused_while_the_lease_is_held_unless_forced() {
+    write_refused_while_the_lease_is_held_unless_forced(Store::Nats).await;
 }
