@@ -86,6 +86,12 @@ fn write_config(dir: &Path, file: &str, config: &str, checkpoint: &str) -> std::
     path
 }
 
+/// Seconds since the RFC 3339 time `t`.
+fn chrono_age(t: &str) -> i64 {
+    let then = chrono::DateTime::parse_from_rfc3339(t).unwrap_or_else(|e| panic!("not a time ({e}): {t}"));
+    (chrono::Utc::now() - then.with_timezone(&chrono::Utc)).num_seconds()
+}
+
 fn subjects(evs: &[Value]) -> BTreeSet<String> {
     evs.iter().map(|e| format!("{} {}", verb(e), e["subject"].as_str().unwrap())).collect()
 }
@@ -171,6 +177,11 @@ async fn file_state_exported_and_imported_into_kafka_and_nats_resumes_without_sn
         assert_eq!(listed[0]["stream"], id.as_str(), "{store:?}: {listed:#}");
         assert_eq!(listed[0]["objects"], 3, "{store:?}: {listed:#}");
         assert_eq!(listed[0]["resource_version"], stored_rv.as_str(), "{store:?}: {listed:#}");
+        assert_eq!(listed[0]["epoch"], 0, "{store:?}: {listed:#}");
+        assert!(listed[0]["writer"].as_str().unwrap().starts_with("kubecast state import"), "{listed:#}");
+        let written = listed[0]["written_at"].as_str().unwrap_or_else(|| panic!("{store:?}: {listed:#}"));
+        let age = chrono_age(written);
+        assert!(age < 120, "{store:?}: written {age} s ago? {listed:#}");
 
         let mut k = Kubecast::start_with_checkpoint(&config, &store.lines(&name), &[]);
         k.wait_for("the 3 changes", WAIT, |e| e.len() >= 3).await;
