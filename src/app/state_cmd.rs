@@ -498,8 +498,23 @@ async fn open_for_write(
     let owner = Owner { cluster_uid: uid.clone(), epoch, writer: format!("kubecast state {what} ({identity})") };
     let sink = Sink::open(&config.sink, config.delivery.max_in_flight).await?;
     let keys: Vec<StreamKey> = plan(config).into_iter().map(|s| s.key).collect();
-    let store = store::open(config, &sink, &keys, owner, &CancellationToken::new()).await?.expect("not cancelled");
-    Ok((store, uid))
+    // `run` waits for an unreachable broker; a command gives up after 30 s.
+    let give_up = CancellationToken::new();
+    let timer = give_up.clone();
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+        timer.cancel();
+    });
+    let opened = store::open(config, &sink, &keys, owner, &give_up).await;
+    timer.abort();
+    match opened? {
+        Some(store) => Ok((store, uid)),
+        None => Err(CheckpointError::Broker {
+            what: format!("[checkpoint] store {:?}", config.checkpoint.store),
+            cause: "not reachable within 30 s (see the warnings above)".into(),
+        }
+        .into()),
+    }
 }
 
 async fn reset(config: &Config, stream: &str, to: ResetTo, force: bool) -> Result<(), StateError> {
