@@ -32,6 +32,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             println!("{}", cfg.summary());
             Ok(())
         }
+        Command::State { config, command } => {
+            let cfg = Config::load(config.as_deref())?;
+            let rt =
+                tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+            rt.block_on(kubecast::app::state_cmd::run(cfg, command))?;
+            Ok(())
+        }
         Command::Run { config } => {
             let cfg = Config::load(config.as_deref())?;
             // Flushes the spans still buffered when dropped, after the pipeline stopped.

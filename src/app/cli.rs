@@ -32,6 +32,14 @@ pub enum Command {
         #[arg(long, short, env = "KUBECAST_CONFIG")]
         config: Option<PathBuf>,
     },
+    /// See, reset, export and import the stored state of the streams (see the README).
+    State {
+        /// TOML config file (the store, the cluster, the Lease); without it the defaults.
+        #[arg(long, short, env = "KUBECAST_CONFIG", global = true)]
+        config: Option<PathBuf>,
+        #[command(subcommand)]
+        command: super::state_cmd::StateCommand,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

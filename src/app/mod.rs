@@ -1,6 +1,7 @@
 //! The binary's side: the command line (`cli`), the allocator's settings (`allocator`), and
 //! `kubecast run`: its wiring (`wiring`, also used by the benchmarks), start-up checks
 //! (`preflight`), supervision (`supervise`) and shutdown (`shutdown`), put together in `run`.
+//! `kubecast state` (see, reset and move the stored state) is `state_cmd`.
 //!
 //! Invariant: only this folder (and `main.rs`) knows every stage; nothing in `src/` imports it.
 
@@ -11,6 +12,7 @@ mod leadership;
 mod preflight;
 pub mod run;
 mod shutdown;
+pub mod state_cmd;
 mod store;
 mod supervise;
 pub mod wiring;

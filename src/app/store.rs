@@ -83,14 +83,7 @@ pub async fn open(
                 })
             }
             StoreKind::Nats => {
-                let client = match (&c.nats.url, sink.nats()) {
-                    (None, Some(n)) => n.client().clone(),
-                    (Some(url), _) => async_nats::connect(url.as_str()).await.map_err(|e| CheckpointError::Broker {
-                        what: format!("checkpoint.nats.url {url:?}"),
-                        cause: e.to_string(),
-                    })?,
-                    (None, None) => unreachable!("checked by the config"),
-                };
+                let client = nats_client(config, sink).await?;
                 let cfg =
                     NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
                 NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
@@ -111,7 +104,7 @@ pub async fn open(
 }
 
 /// The sink's connection, or `[checkpoint.kafka] brokers` and its properties.
-fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig, CheckpointError> {
+pub(super) fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig, CheckpointError> {
     let k = &config.checkpoint.kafka;
     match (&k.brokers, sink.kafka()) {
         (None, Some(s)) => Ok(s.client_config().clone()),
@@ -128,6 +121,18 @@ fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig, Checkpoint
             cc.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
             Ok(cc)
         }
+        (None, None) => unreachable!("checked by the config"),
+    }
+}
+
+/// The sink's connection, or `[checkpoint.nats] url`.
+pub(super) async fn nats_client(config: &Config, sink: &Sink) -> Result<async_nats::Client, CheckpointError> {
+    match (&config.checkpoint.nats.url, sink.nats()) {
+        (None, Some(n)) => Ok(n.client().clone()),
+        (Some(url), _) => async_nats::connect(url.as_str()).await.map_err(|e| CheckpointError::Broker {
+            what: format!("checkpoint.nats.url {url:?}"),
+            cause: e.to_string(),
+        }),
         (None, None) => unreachable!("checked by the config"),
     }
 }

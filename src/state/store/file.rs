@@ -194,8 +194,8 @@ pub struct FileStore {
     owner: Owner,
     files: Arc<Mutex<HashMap<String, Files>>>,
     written: Arc<std::sync::atomic::AtomicU64>,
-    /// Holds an exclusive `flock` on [`LOCK_FILE`].
-    _lock: Arc<fs::File>,
+    /// Holds an exclusive `flock` on [`LOCK_FILE`] (`None`: opened by [`scan`], read only).
+    _lock: Option<Arc<fs::File>>,
 }
 
 fn entry((uid, ns, name, rv): Row) -> (String, IndexEntry) {
@@ -231,7 +231,7 @@ impl FileStore {
             owner,
             files: Arc::default(),
             written: Arc::default(),
-            _lock: Arc::new(lock),
+            _lock: Some(Arc::new(lock)),
         })
     }
 
@@ -325,6 +325,10 @@ impl FileStore {
                 break;
             }
             n += 1;
+            if line.last() != Some(&b'\n') && self._lock.is_none() {
+                // Read only ([`scan`]): the owner may be appending this line right now.
+                break;
+            }
             if line.last() != Some(&b'\n') {
                 tracing::warn!(journal = %path.display(), line = n, "cutting off a torn last journal line (a crash during its write)");
                 let f = fs::OpenOptions::new()
@@ -438,6 +442,62 @@ impl FileStore {
         }
         Ok(out.bytes)
     }
+}
+
+/// One stream as [`scan`] found it.
+#[derive(Debug)]
+pub struct ScannedFile {
+    pub key: StreamKey,
+    pub cluster_uid: Option<String>,
+    pub position: Position,
+    /// The later modification time of its snapshot and journal.
+    pub modified: Option<std::time::SystemTime>,
+    pub snapshot: PathBuf,
+}
+
+/// Every stream with a snapshot in `dir`, read without the lock and without changing anything
+/// (a torn last journal line is skipped, not cut off): for `kubecast state`, also while a
+/// kubecast owns the directory. A missing directory holds no stream.
+pub fn scan(dir: &Path) -> Result<Vec<ScannedFile>, CheckpointError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(cause) => return Err(CheckpointError::Dir { dir: dir.to_path_buf(), cause }),
+    };
+    let store = FileStore {
+        dir: dir.to_path_buf(),
+        owner: Owner::default(),
+        files: Arc::default(),
+        written: Arc::default(),
+        _lock: None,
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    paths.sort();
+    let mut out = Vec::new();
+    for path in paths {
+        #[derive(Deserialize)]
+        struct Head {
+            stream: StreamKey,
+            #[serde(default)]
+            cluster_uid: Option<String>,
+        }
+        let bytes = fs::read(&path).map_err(|cause| CheckpointError::Read { path: path.clone(), cause })?;
+        let head: Head = serde_json::from_slice(&bytes)
+            .map_err(|e| CheckpointError::Corrupt { path: path.clone(), cause: e.to_string() })?;
+        drop(bytes);
+        if store.path(&head.stream) != path {
+            return Err(CheckpointError::OtherStream { path, found: format!("{:?}", head.stream) });
+        }
+        let Some(position) = store.load(&head.stream)? else { continue };
+        let mtime = |p: &Path| fs::metadata(p).and_then(|m| m.modified()).ok();
+        let modified = mtime(&path).max(mtime(&store.journal_path(&head.stream)));
+        out.push(ScannedFile { key: head.stream, cluster_uid: head.cluster_uid, position, modified, snapshot: path });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -277,3 +277,60 @@ fn load(
     info!(topic, records, took = ?started.elapsed(), "Kafka state topic read");
     loader.finish()
 }
+
+/// Every stream in the state topic, read to its end (committed records only) by a plain
+/// consumer: no producer, so nobody is fenced (for `kubecast state`). Each stream's time is
+/// its position record's Kafka timestamp.
+pub async fn scan(client: &ClientConfig, topic: &str) -> Result<Vec<super::record::ScannedStream>, CheckpointError> {
+    let (client, topic) = (client.clone(), topic.to_string());
+    tokio::task::spawn_blocking(move || {
+        let what = format!("Kafka state topic {topic}");
+        let mut cc = client.clone();
+        cc.set("allow.auto.create.topics", "false")
+            .set("group.id", "kubecast-state-cli")
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest");
+        let consumer: BaseConsumer = cc.create().map_err(|e| broker(&what, format!("consumer: {e}")))?;
+        let md = consumer.fetch_metadata(Some(&topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
+        let partitions: Vec<i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(broker(&what, "does not exist (no kubecast wrote state there yet?)"));
+        }
+        let mut tpl = TopicPartitionList::new();
+        for p in &partitions {
+            tpl.add_partition_offset(&topic, *p, Offset::Beginning).map_err(|e| broker(&what, e))?;
+        }
+        consumer.assign(&tpl).map_err(|e| broker(&what, format!("assign: {e}")))?;
+        let mut latest = super::record::Latest::new();
+        let mut open: std::collections::HashSet<i32> = partitions.into_iter().collect();
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !open.is_empty() {
+            if Instant::now() > deadline {
+                return Err(broker(&what, "not read to its end within 300 s"));
+            }
+            match consumer.poll(Duration::from_millis(500)) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    open.remove(&p);
+                }
+                Some(Err(e)) => return Err(broker(&what, format!("reading it: {e}"))),
+                Some(Ok(m)) => {
+                    let Some(key) = m.key() else { continue };
+                    let key = std::str::from_utf8(key)
+                        .map_err(|e| broker(&what, format!("a key that is not UTF-8 at offset {}: {e}", m.offset())))?;
+                    latest.insert(key.to_string(), (m.payload().map(<[u8]>::to_vec), m.timestamp().to_millis()));
+                }
+            }
+        }
+        super::record::fold_all(&format!("Kafka topic {topic}"), &latest)
+    })
+    .await
+    .expect("state scan task")
+}

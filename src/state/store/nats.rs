@@ -384,3 +384,55 @@ impl NatsStore {
         Err(broker(&what, "atomic batch: no commit answer"))
     }
 }
+
+/// Every stream in the bucket (the last record of each key), read by an ephemeral consumer:
+/// no position record is claimed, so nobody is fenced (for `kubecast state`). Each stream's
+/// time is its position record's JetStream timestamp.
+pub async fn scan(
+    client: &async_nats::Client,
+    bucket: &str,
+) -> Result<Vec<super::record::ScannedStream>, CheckpointError> {
+    let what = format!("NATS key-value bucket {bucket}");
+    let js = jetstream::ContextBuilder::new().timeout(TIMEOUT).build(client.clone());
+    let stream = js
+        .get_stream(format!("KV_{bucket}"))
+        .await
+        .map_err(|e| broker(&what, format!("{e} (no kubecast wrote state there yet?)")))?;
+    let consumer = stream
+        .create_consumer(consumer::pull::Config {
+            filter_subject: format!("$KV.{bucket}.>"),
+            deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+            ack_policy: consumer::AckPolicy::None,
+            inactive_threshold: Duration::from_secs(60),
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+    let pending = consumer.cached_info().num_pending;
+    let mut latest = super::record::Latest::new();
+    if pending > 0 {
+        let mut messages = consumer
+            .stream()
+            .max_messages_per_batch(BATCH)
+            .messages()
+            .await
+            .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+        let prefix = format!("$KV.{bucket}.");
+        for _ in 0..pending {
+            let m = tokio::time::timeout(TIMEOUT, messages.next())
+                .await
+                .map_err(|_| broker(&what, "reading it: no record within 10 s"))?
+                .ok_or_else(|| broker(&what, "reading it: the consumer ended"))?
+                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+            let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str()).to_string();
+            let deleted = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("KV-Operation"))
+                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+            let ms = m.info().ok().map(|i| (i.published.unix_timestamp_nanos() / 1_000_000) as i64);
+            latest.insert(k, ((!deleted).then(|| m.payload.to_vec()), ms));
+        }
+    }
+    super::record::fold_all(&format!("NATS bucket {bucket}"), &latest)
+}

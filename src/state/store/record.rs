@@ -189,6 +189,73 @@ impl<'a> Loader<'a> {
     }
 }
 
+/// One stream of a broker store as [`fold_all`] found it (for `kubecast state`).
+#[derive(Debug)]
+pub struct ScannedStream {
+    pub record: PositionRecord,
+    pub position: Position,
+    /// When its position record was written (ms since the epoch), if the broker says.
+    pub written_ms: Option<i64>,
+}
+
+/// The latest record of each key of a store (value `None`: deleted), with its time in ms.
+pub type Latest = HashMap<String, (Option<Vec<u8>>, Option<i64>)>;
+
+/// Every stream in `records`: the streams are found by their position records (which name
+/// their query), then every record is folded as [`Loader`] does, without an owner (no cluster
+/// check: the caller shows the stored cluster uid).
+pub fn fold_all(place: &str, records: &Latest) -> Result<Vec<ScannedStream>, CheckpointError> {
+    let corrupt =
+        |key: &str, cause: String| CheckpointError::Corrupt { path: format!("{place} record {key:?}").into(), cause };
+    let mut found: Vec<(String, Option<i64>)> = Vec::new();
+    let mut keys = Vec::new();
+    for (key, (value, ts)) in records {
+        let (Some(id), Some(bytes)) = (key.strip_suffix(".p"), value) else { continue };
+        #[derive(Deserialize)]
+        struct Versioned {
+            format: u32,
+        }
+        let Ok(v) = serde_json::from_slice::<Versioned>(bytes) else {
+            if id.contains(".o.") {
+                continue; // an index record of an object with uid "p"
+            }
+            return Err(corrupt(key, "not a position record".into()));
+        };
+        if v.format != RECORD_FORMAT {
+            return Err(corrupt(key, format!("format {} (this kubecast reads format {RECORD_FORMAT})", v.format)));
+        }
+        let p: PositionRecord = serde_json::from_slice(bytes).map_err(|e| corrupt(key, e.to_string()))?;
+        if p.stream.id() != id {
+            return Err(CheckpointError::OtherStream {
+                path: format!("{place} record {key:?}").into(),
+                found: format!("{:?}", p.stream),
+            });
+        }
+        keys.push(p.stream);
+        found.push((key.clone(), *ts));
+    }
+    let owner = Owner::default();
+    let mut loader = Loader::new(place, &keys, &owner);
+    for (key, (value, _)) in records {
+        if value.is_none() && key.ends_with(".p") {
+            continue; // a deleted position record (not kubecast's doing): no stream
+        }
+        loader.apply(key, value.as_deref())?;
+    }
+    let records_of: Vec<PositionRecord> = loader.positions.iter().map(|p| p.clone().expect("found above")).collect();
+    let positions = loader.finish()?;
+    Ok(records_of
+        .into_iter()
+        .zip(positions)
+        .zip(found)
+        .map(|((record, position), (_, written_ms))| ScannedStream {
+            record,
+            position: position.expect("found above"),
+            written_ms,
+        })
+        .collect())
+}
+
 /// Refuses state of another cluster that used the same `[cluster] name`.
 pub fn check_cluster(place: &str, what: &str, stored: Option<&str>, owner: &Owner) -> Result<(), CheckpointError> {
     if let (Some(stored), Some(ours)) = (stored, owner.cluster_uid.as_deref())
@@ -285,6 +352,39 @@ mod tests {
         let mut l = Loader::new("test", &keys, &mine);
         l.apply(&object_key(&k.id(), "u"), Some(&encode_object((&entry("1")).into()))).unwrap();
         assert!(l.finish().unwrap_err().to_string().contains("no position record"));
+    }
+
+    #[test]
+    fn fold_all_finds_every_stream_by_its_position_record() {
+        let (a, b) = (key("Deployment"), key("StatefulSet"));
+        let me = owner(2, Some("uid-a"));
+        let mut latest = Latest::new();
+        let mut put = |k: String, v: Option<Vec<u8>>, ts: i64| {
+            latest.insert(k, (v, Some(ts)));
+        };
+        put(position_key(&a.id()), Some(PositionRecord::new(&a, &me, Some("10"), &[]).encode()), 5);
+        put(object_key(&a.id(), "u1"), Some(encode_object((&entry("3")).into())), 4);
+        put(object_key(&a.id(), "u2"), None, 4);
+        put(position_key(&b.id()), Some(PositionRecord::new(&b, &me, None, &[]).encode()), 7);
+        // A stream whose position record was deleted is no stream; its records are skipped.
+        let c = key("DaemonSet");
+        put(position_key(&c.id()), None, 8);
+        put(object_key(&c.id(), "u9"), Some(encode_object((&entry("9")).into())), 8);
+        let mut found = fold_all("test", &latest).unwrap();
+        found.sort_by_key(|s| s.record.stream.kind.clone());
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].record.stream, a);
+        assert_eq!(found[0].record.epoch, 2);
+        assert_eq!(found[0].position.objects.len(), 1);
+        assert_eq!(found[0].position.resource_version.as_deref(), Some("10"));
+        assert_eq!(found[0].written_ms, Some(5));
+        assert_eq!(found[1].record.stream, b);
+        assert!(found[1].position.objects.is_empty());
+        // An unreadable record of a stream is an error naming it.
+        latest.insert(object_key(&b.id(), "u3"), (Some(b"{".to_vec()), None));
+        assert!(fold_all("test", &latest).unwrap_err().to_string().contains(".o.u3"));
+        latest.insert(position_key(&b.id()), (Some(b"{\"format\":9}".to_vec()), None));
+        assert!(fold_all("test", &latest).unwrap_err().to_string().contains("format 9"));
     }
 
     fn entry(rv: &str) -> IndexEntry {

@@ -160,3 +160,30 @@ fn version_1_files_still_load() {
 fn the_unknown_version_message_names_the_versions_read() {
     assert_eq!(FORMAT_VERSION, 2, "CheckpointError::UnknownVersion says \"versions 1 and 2\": update it too");
 }
+
+#[test]
+fn scan_reads_every_stream_without_the_lock_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path(), me()).unwrap();
+    let (a, b) = (key(Some("shop"), ""), key(None, "app=x"));
+    store.write(&a, &full("10", &[("u1", e("a", "9")), ("u2", e("b", "10"))])).unwrap();
+    store.write(&a, &change("12", &[], &["u1"])).unwrap();
+    store.write(&b, &full("20", &[])).unwrap();
+    // The owner is appending a line right now: the scan skips it, never cuts it off.
+    let mut j = fs::OpenOptions::new().append(true).open(store.journal_path(&a)).unwrap();
+    j.write_all(b"{\"seq\":3,\"resource_version\":\"1").unwrap();
+    drop(j);
+    let journal = fs::read(store.journal_path(&a)).unwrap();
+    // While the store (and its lock) is held.
+    let mut found = scan(dir.path()).unwrap();
+    found.sort_by_key(|s| s.key.id());
+    let found_a = found.iter().find(|s| s.key == a).unwrap();
+    assert_eq!(found_a.position.resource_version.as_deref(), Some("12"));
+    assert_eq!(found_a.position.objects.len(), 1);
+    assert_eq!(found_a.cluster_uid.as_deref(), Some("cluster-a"));
+    assert!(found_a.modified.is_some());
+    assert!(found.iter().any(|s| s.key == b && s.position.objects.is_empty()));
+    assert_eq!(found.len(), 2);
+    assert_eq!(fs::read(store.journal_path(&a)).unwrap(), journal, "the scan changed nothing");
+    assert!(scan(&dir.path().join("missing")).unwrap().is_empty());
+}
