@@ -262,10 +262,31 @@ async fn reset_now_then_snapshot(store: Store) {
     assert!(again.iter().all(|e| e["origin"] == "snapshot"), "{}", common::pretty(again));
     assert!(k.stop().success(), "{}", k.log());
 
-    // With initial = "now" a snapshot reset would emit nothing: refused, saying so.
-    let now_cfg = write_config(k.dir.path(), "now.toml", &format!("{config}initial = \"now\"\n"), &store.lines(&name));
-    let (ok, _, err) = state(&now_cfg, &["reset", &id, "--to", "snapshot"]);
-    assert!(!ok && err.contains("initial = \"now\"") && err.contains("resources[0]"), "{err}");
+    // With initial = "now" too: the reset marks the stream, so the next run emits every object
+    // once (a stream without state would emit nothing there); once that list is acknowledged
+    // the mark is gone, and a restart emits nothing.
+    let path = config_of(&k);
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ns_line = format!("namespaces = [\"{}\"]\n", ns.name);
+    assert!(text.contains(&ns_line), "{text}");
+    std::fs::write(&path, text.replacen(&ns_line, &format!("{ns_line}initial = \"now\"\n"), 1)).unwrap();
+    let out = state(&path, &["reset", &id, "--to", "snapshot"]);
+    assert!(out.0, "{}", out.2);
+    let before = k.events().len();
+    k.restart(&[]);
+    k.wait_for("everything again with initial = now", WAIT, |e| e.len() >= before + 3).await;
+    tokio::time::sleep(GRACE).await;
+    let again = &k.events()[before..];
+    assert_eq!(subjects(again), want, "{}", common::pretty(again));
+    assert_eq!(again.len(), 3, "{}", common::pretty(again));
+    assert!(again.iter().all(|e| e["origin"] == "snapshot"), "{}", common::pretty(again));
+    assert!(k.stop().success(), "{}", k.log());
+    let before = k.events().len();
+    k.restart(&[]);
+    k.wait_ready(200).await;
+    tokio::time::sleep(GRACE).await;
+    assert_eq!(k.events().len(), before, "the mark was cleared:\n{}", common::pretty(&k.events()[before..]));
+    assert!(k.stop().success(), "{}", k.log());
 }
 
 #[tokio::test]

@@ -31,7 +31,6 @@ use crate::config::Config;
 use crate::model::{IndexEntry, ObjectIndex, Position};
 use crate::sink::{Sink, SinkError};
 use crate::source::client::{self, ClientError};
-use crate::source::reflector::Initial;
 use crate::state::StoreKind;
 use crate::state::store::{CheckpointError, Delta, Owner, StreamKey, file, kafka, nats};
 
@@ -59,7 +58,7 @@ pub enum StateCommand {
         stream: String,
         /// `now`: index the current objects at the current resourceVersion (nothing emitted,
         /// later changes and deletes are); `snapshot`: forget everything (every object is
-        /// emitted again; refused when the resource has `initial = "now"`).
+        /// emitted again, also where the resource has `initial = "now"`).
         #[arg(long, value_enum)]
         to: ResetTo,
         /// Write even while another process holds the Lease.
@@ -116,10 +115,6 @@ pub enum StateError {
     Lease { lease: String, cause: String },
     #[error("resources[{index}] ({stream}): listing it failed: {cause}")]
     List { index: usize, stream: String, cause: String },
-    #[error(
-        "resources[{index}] ({stream}) has initial = \"now\": with its state gone it would emit nothing, not a snapshot (fix: set initial = \"snapshot\" for it, or use --to now)"
-    )]
-    InitialNow { index: usize, stream: String },
     #[error("{file}: {cause}")]
     Document { file: String, cause: String },
     #[error(
@@ -166,6 +161,9 @@ pub struct ExportedStream {
     pub acked_ahead: Vec<(String, String)>,
     /// `[uid, namespace, name, resourceVersion]`, namespace `""` when cluster-scoped.
     pub objects: Vec<(String, String, String, String)>,
+    /// The next list emits every object (a `reset --to snapshot` not run yet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
 }
 
 impl Export {
@@ -202,7 +200,12 @@ impl ExportedStream {
             };
             objects.insert(uid, &e);
         }
-        Position { resource_version: self.resource_version.clone(), objects, acked_ahead: self.acked_ahead.clone() }
+        Position {
+            resource_version: self.resource_version.clone(),
+            objects,
+            acked_ahead: self.acked_ahead.clone(),
+            snapshot: self.snapshot,
+        }
     }
 }
 
@@ -340,6 +343,7 @@ pub async fn run(config: Config, cmd: StateCommand) -> Result<(), StateError> {
                         resource_version: s.position.resource_version.clone(),
                         acked_ahead: s.position.acked_ahead.clone(),
                         objects: s.rows(usize::MAX),
+                        snapshot: s.position.snapshot,
                     })
                     .collect(),
             };
@@ -522,20 +526,25 @@ async fn reset(config: &Config, stream: &str, to: ResetTo, force: bool) -> Resul
     let ids: Vec<String> = streams.iter().map(|s| s.key.id()).collect();
     let s = &streams[pick(stream, &ids, "the config's streams")?];
     let rc = &config.resources[s.resource_index];
-    if to == ResetTo::Snapshot && rc.initial == Initial::Now {
-        return Err(StateError::InitialNow { index: s.resource_index, stream: s.name.clone() });
-    }
     let (client, _) = client::client(&config.cluster).await?;
     let (state, _) = open_for_write(config, &client, force, "reset").await?;
     let stored = state.load(std::slice::from_ref(&s.key)).await?.remove(0);
     let old: Vec<String> =
         stored.as_ref().map(|p| p.objects.iter().map(|(uid, _)| uid.to_string()).collect()).unwrap_or_default();
     let delta = match to {
-        ResetTo::Snapshot => Delta { removes: old, full: true, ..Default::default() },
+        // Marked: the next list emits every object also where `initial = "now"`.
+        ResetTo::Snapshot => Delta { removes: old, full: true, snapshot: true, ..Default::default() },
         ResetTo::Now => {
             let (objects, rv) = list_now(&client, s, rc).await?;
             let removes = old.into_iter().filter(|u| !objects.contains(u)).collect();
-            Delta { upserts: objects, removes, full: true, resource_version: Some(rv), acked_ahead: Vec::new() }
+            Delta {
+                upserts: objects,
+                removes,
+                full: true,
+                resource_version: Some(rv),
+                acked_ahead: Vec::new(),
+                snapshot: false,
+            }
         }
     };
     let (n, rv) = (delta.upserts.len(), delta.resource_version.clone());
@@ -645,6 +654,7 @@ async fn import(config: &Config, path: &Path, force: bool, all: bool) -> Result<
                 full: true,
                 resource_version: p.resource_version,
                 acked_ahead: p.acked_ahead,
+                snapshot: p.snapshot,
             },
         ));
     }
@@ -683,6 +693,7 @@ mod tests {
                     ("6f1c1a9e-2b7d-4c1e-9f00-0123456789ab".into(), "shop".into(), "a".into(), "1200".into()),
                     ("not-a-uuid".into(), String::new(), "b".into(), "x17".into()),
                 ],
+                snapshot: false,
             }],
         }
     }

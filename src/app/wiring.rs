@@ -213,10 +213,10 @@ pub struct Downstream {
 /// A stream's watermark, holding its loaded position and index, and where its reflector
 /// starts: the position's resume point and the watermark's index (no copy of it).
 fn start(key: StreamKey, loaded: Option<Position>) -> (Arc<StreamCheckpoint>, Option<Start>) {
-    let (resume, acked_ahead) =
-        loaded.as_ref().map(|p| (p.resource_version.clone(), p.acked_ahead.clone())).unwrap_or_default();
+    let (resume, acked_ahead, snapshot) =
+        loaded.as_ref().map(|p| (p.resource_version.clone(), p.acked_ahead.clone(), p.snapshot)).unwrap_or_default();
     let checkpoint = Arc::new(StreamCheckpoint::new(key, loaded));
-    let start = Start { resume, acked_ahead, index: checkpoint.index() };
+    let start = Start { resume, acked_ahead, index: checkpoint.index(), snapshot };
     (checkpoint, Some(start))
 }
 

@@ -16,6 +16,9 @@ pub struct Position {
     /// acknowledged already, out of order (behind an event still in flight when kubecast
     /// stopped): a resumed watch acknowledges them without sending them again.
     pub acked_ahead: Vec<(String, String)>,
+    /// The next list emits every object, whatever `initial` says (`kubecast state reset --to
+    /// snapshot`); cleared once that list is acknowledged.
+    pub snapshot: bool,
 }
 
 /// An index change carried by an item.

@@ -38,6 +38,9 @@ pub struct Watermark {
     changed: Uids,
     /// Anything changed since the last write (the position, `ahead` or the index).
     dirty: bool,
+    /// The next list emits every object (see `Position::snapshot`): kept until a list is
+    /// acknowledged.
+    snapshot: bool,
 }
 
 impl Watermark {
@@ -50,6 +53,7 @@ impl Watermark {
             index: SharedIndex::new(start.objects),
             changed: Uids::default(),
             dirty: false,
+            snapshot: start.snapshot,
         }
     }
 
@@ -70,10 +74,12 @@ impl Watermark {
         }
         let mut acked = self.index.lock();
         self.changed.extend(effect.op().map(|op| op.uid().to_owned()));
+        self.snapshot &= !matches!(effect, Effect::Listed { .. });
         effect.apply(&mut self.resource_version, &mut acked.objects);
         self.next += 1;
         while let Some(e) = self.ahead.remove(&self.next) {
             self.changed.extend(e.op().map(|op| op.uid().to_owned()));
+            self.snapshot &= !matches!(e, Effect::Listed { .. });
             e.apply(&mut self.resource_version, &mut acked.objects);
             self.next += 1;
         }
@@ -87,6 +93,7 @@ impl Watermark {
             resource_version: self.resource_version.clone(),
             objects: self.index.lock().objects.clone(),
             acked_ahead: Vec::new(),
+            snapshot: self.snapshot,
         }
     }
 
@@ -106,6 +113,7 @@ impl Watermark {
             full,
             resource_version: self.resource_version.clone(),
             acked_ahead: self.ahead.values().filter_map(Effect::change_key).collect(),
+            snapshot: self.snapshot,
             ..Default::default()
         };
         let acked = self.index.lock();
@@ -213,6 +221,7 @@ mod tests {
             resource_version: Some("5".into()),
             objects: [("z".to_string(), entry("4"))].into_iter().collect(),
             acked_ahead: Vec::new(),
+            snapshot: false,
         };
         let mut wm = Watermark::new(start);
         let shared = wm.index();
@@ -284,6 +293,18 @@ mod tests {
             cp.take(true).unwrap()
         };
         assert!(d.full && d.upserts.len() == 2, "a full write carries the whole index");
+    }
+
+    #[test]
+    fn a_snapshot_mark_is_written_until_a_list_is_acknowledged() {
+        let mut wm = Watermark::new(Position { snapshot: true, ..Default::default() });
+        wm.ack(0, Effect::Diffed(IndexOp::Upsert("a".into(), entry("20"))));
+        let d = wm.take(false).unwrap();
+        assert!(d.snapshot, "the list is not done: a restart must list and emit again");
+        wm.ack(2, Effect::Bookmark("30".into()));
+        wm.ack(1, Effect::Listed { rv: "21".into() });
+        let d = wm.take(false).unwrap();
+        assert!(!d.snapshot && !wm.committed().snapshot, "the list is acknowledged: the mark is gone");
     }
 
     fn plain(entries: &[(&str, IndexEntry)]) -> crate::model::Index {

@@ -37,7 +37,7 @@ impl Reflector {
         let started = Instant::now();
         let mut list = ListDiff {
             origin,
-            silent: !self.listed_once && self.spec.initial == Initial::Now,
+            silent: !self.listed_once && self.spec.initial == Initial::Now && !self.snapshot_requested,
             seen: UidSet::new(),
             emitted: 0,
             started,

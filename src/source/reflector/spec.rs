@@ -69,6 +69,9 @@ pub struct Start {
     /// The acknowledged index (the watermark's), which the reflector reads under its own
     /// changes not acknowledged yet (`view.rs`).
     pub index: SharedIndex,
+    /// The first list emits every object, whatever `initial` says (`kubecast state reset
+    /// --to snapshot`).
+    pub snapshot: bool,
 }
 
 /// One unit the reflector hands to the pipeline. `change` is `None` for items that only

@@ -73,6 +73,8 @@ pub struct Reflector {
     pub(super) resume: Option<String>,
     /// Whether a list of this stream was ever completed (here or before a restart).
     pub(super) listed_once: bool,
+    /// The first list emits every object, whatever `initial` says (see `Start::snapshot`).
+    pub(super) snapshot_requested: bool,
     /// Marked synced (ready) in this process: after a list, or a resumed watch that proved
     /// its resourceVersion valid.
     pub(super) synced: bool,
@@ -114,6 +116,7 @@ impl Reflector {
             index: IndexView::new(start.index),
             resume: start.resume,
             listed_once,
+            snapshot_requested: start.snapshot,
             synced: false,
             state: State::Discover,
             streaming,

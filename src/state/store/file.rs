@@ -53,6 +53,8 @@ struct Snapshot {
     /// `[uid, resourceVersion]` of changes acknowledged out of order (see `Position`).
     #[serde(default)]
     acked_ahead: Vec<(String, String)>,
+    #[serde(default)]
+    snapshot: bool,
 }
 
 /// A snapshot as written: its rows are read from the compact index as they are written.
@@ -67,6 +69,8 @@ struct SnapshotOut<'a> {
     objects: RowsOut<'a>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     acked_ahead: &'a [(String, String)],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    snapshot: bool,
 }
 
 #[derive(Deserialize)]
@@ -79,6 +83,8 @@ struct JournalLine {
     upserts: Vec<Row>,
     #[serde(default)]
     removes: Vec<String>,
+    #[serde(default)]
+    snapshot: bool,
 }
 
 #[derive(Serialize)]
@@ -91,6 +97,8 @@ struct JournalLineOut<'a> {
     upserts: RowsOut<'a>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     removes: &'a [String],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    snapshot: bool,
 }
 
 /// The rows of a snapshot, read into an index without a list of rows in between.
@@ -298,6 +306,7 @@ impl FileStore {
             resource_version: snap.resource_version,
             objects: snap.objects.0,
             acked_ahead: snap.acked_ahead,
+            snapshot: snap.snapshot,
         };
         let (journal, last) = self.replay(key, snap.seq, &mut position)?;
         self.set_files(key, Files { snapshot: Some(bytes.len() as u64), journal, next_seq: last.max(snap.seq) + 1 });
@@ -355,6 +364,7 @@ impl FileStore {
             }
             position.resource_version = l.resource_version;
             position.acked_ahead = l.acked_ahead;
+            position.snapshot = l.snapshot;
         }
         Ok((good, last))
     }
@@ -387,6 +397,7 @@ impl FileStore {
                 resource_version: delta.resource_version.as_deref(),
                 objects: RowsOut(&delta.upserts),
                 acked_ahead: &delta.acked_ahead,
+                snapshot: delta.snapshot,
             };
             let size = self.write_snapshot(key, &snap)?;
             self.written.fetch_add(size, std::sync::atomic::Ordering::Relaxed);
@@ -405,6 +416,7 @@ impl FileStore {
                 acked_ahead: &delta.acked_ahead,
                 upserts: RowsOut(&delta.upserts),
                 removes: &delta.removes,
+                snapshot: delta.snapshot,
             };
             let mut bytes = serde_json::to_vec(&line).expect("journal line serialises");
             bytes.push(b'\n');

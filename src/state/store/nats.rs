@@ -173,7 +173,8 @@ impl NatsStore {
                     &self.owner,
                     position.as_ref().and_then(|p| p.resource_version.as_deref()),
                     position.as_ref().map(|p| p.acked_ahead.as_slice()).unwrap_or(&[]),
-                );
+                )
+                .with_snapshot(position.as_ref().is_some_and(|p| p.snapshot));
                 let value = Bytes::from(record.encode());
                 let id = key.id();
                 match self
@@ -258,7 +259,9 @@ impl NatsStore {
             );
             ops.extend(d.removes.iter().map(|uid| (object_key(&id, uid), None)));
             let position = Bytes::from(
-                PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead).encode(),
+                PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead)
+                    .with_snapshot(d.snapshot)
+                    .encode(),
             );
             let chunks: Vec<&[(String, Option<Bytes>)]> =
                 if ops.is_empty() { vec![&[]] } else { ops.chunks(BATCH - 1).collect() };

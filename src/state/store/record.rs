@@ -49,6 +49,9 @@ pub struct PositionRecord {
     pub resource_version: Option<String>,
     #[serde(default)]
     pub acked_ahead: Vec<(String, String)>,
+    /// See [`Position::snapshot`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
 }
 
 impl PositionRecord {
@@ -61,7 +64,13 @@ impl PositionRecord {
             writer: owner.writer.clone(),
             resource_version: rv.map(str::to_string),
             acked_ahead: acked_ahead.to_vec(),
+            snapshot: false,
         }
+    }
+
+    /// With the stream's [`Position::snapshot`] mark.
+    pub fn with_snapshot(self, snapshot: bool) -> Self {
+        Self { snapshot, ..self }
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -175,6 +184,7 @@ impl<'a> Loader<'a> {
                     resource_version: rec.resource_version,
                     objects,
                     acked_ahead: rec.acked_ahead,
+                    snapshot: rec.snapshot,
                 })),
                 None if objects.is_empty() => out.push(None),
                 None => {

@@ -68,4 +68,6 @@ pub struct Delta {
     /// The position after the change (always written: it is small).
     pub resource_version: Option<String>,
     pub acked_ahead: Vec<(String, String)>,
+    /// See [`crate::model::Position::snapshot`].
+    pub snapshot: bool,
 }
