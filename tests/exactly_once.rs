@@ -239,6 +239,48 @@ async fn settle(seen: &Arc<Mutex<Vec<Seen>>>, written: &Arc<Mutex<Written>>) {
     tokio::time::sleep(Duration::from_secs(3)).await;
 }
 
+/// A `read_committed` reader of `topic` and a load on `api`'s ConfigMaps, running until
+/// [`Traffic::finish`], which checks exactly-once.
+struct Traffic {
+    api: Api<ConfigMap>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    load_stop: Arc<std::sync::atomic::AtomicBool>,
+    written: Arc<Mutex<Written>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    loader: tokio::task::JoinHandle<()>,
+}
+
+impl Traffic {
+    /// ~50 changes per second on `names` ConfigMaps.
+    fn start(api: &Api<ConfigMap>, topic: &str, names: usize) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let written = Arc::new(Mutex::new(Written::default()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        committed_reader(topic.to_string(), seen.clone(), stop.clone());
+        let loader = tokio::spawn(load(api.clone(), names, 50, written.clone(), load_stop.clone()));
+        Self { api: api.clone(), stop, load_stop, written, seen, loader }
+    }
+
+    fn seen(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// Stops the load, waits for the reader to see every change, checks exactly-once; the
+    /// changes written.
+    async fn finish(self) -> Written {
+        self.load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.loader.await.unwrap();
+        settle(&self.seen, &self.written).await;
+        let now = listed(&self.api).await;
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let seen = self.seen.lock().unwrap().clone();
+        let written = std::mem::take(&mut *self.written.lock().unwrap());
+        check_exactly_once(&seen, &written, &now);
+        written
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_once() {
     let _shared = shared();
@@ -250,12 +292,7 @@ async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_
     let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
     kc.wait_log("list complete", 1).await;
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Written::default()));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    committed_reader(topic.clone(), seen.clone(), stop.clone());
-    let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let loader = tokio::spawn(load(api.clone(), 200, 50, written.clone(), load_stop.clone()));
+    let traffic = Traffic::start(&api, &topic, 200);
 
     // SIGKILL at pseudo-random moments (0.3 to 2.3 s after the restart's first commit could
     // have happened), restarting each time.
@@ -269,18 +306,11 @@ async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_
         kc.restart(&[]);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    loader.await.unwrap();
-    settle(&seen, &written).await;
-    let now = listed(&api).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let seen = seen.lock().unwrap().clone();
-    let written = written.lock().unwrap();
+    let written = traffic.finish().await;
     assert!(
         written.changes.len() > 100 && !written.deleted.is_empty(),
         "the load made creates, updates and deletes: {written:?}"
     );
-    check_exactly_once(&seen, &written, &now);
     assert!(kc.stop().success(), "{}", kc.log());
 }
 
@@ -303,12 +333,7 @@ async fn a_paused_old_leader_and_a_failover_stay_exactly_once() {
     let mut b = Kubecast::start_with_sink(&config, &s.sink, &s.checkpoint, &[]);
     b.wait_log("standby: another process holds the lease", 1).await;
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Written::default()));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    committed_reader(topic.clone(), seen.clone(), stop.clone());
-    let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let loader = tokio::spawn(load(api.clone(), 50, 50, written.clone(), load_stop.clone()));
+    let traffic = Traffic::start(&api, &topic, 50);
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     a.signal("STOP");
@@ -323,14 +348,7 @@ async fn a_paused_old_leader_and_a_failover_stay_exactly_once() {
     b.kill9();
     a.wait_log("holding the lease", 1).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    loader.await.unwrap();
-    settle(&seen, &written).await;
-    let now = listed(&api).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let seen = seen.lock().unwrap().clone();
-    let written = written.lock().unwrap();
-    check_exactly_once(&seen, &written, &now);
+    traffic.finish().await;
     assert!(a.stop().success(), "{}", a.log());
 }
 
@@ -347,96 +365,18 @@ async fn a_broker_restart_in_the_middle_of_a_transaction_stays_exactly_once() {
     let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
     kc.wait_log("list complete", 1).await;
 
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let written = Arc::new(Mutex::new(Written::default()));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    committed_reader(topic.clone(), seen.clone(), stop.clone());
-    let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let loader = tokio::spawn(load(api.clone(), 100, 50, written.clone(), load_stop.clone()));
+    let traffic = Traffic::start(&api, &topic, 100);
     // Some transactions committed before the outage.
     let deadline = Instant::now() + WAIT;
-    while seen.lock().unwrap().len() < 50 {
+    while traffic.seen() < 50 {
         assert!(Instant::now() < deadline, "no committed event before the outage:\n{}", kc.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    env_script(&["down", "kafka"]);
-    let back = BrokerBack;
+    let back = common::Stopped::now("kafka");
     tokio::time::sleep(Duration::from_secs(8)).await;
     drop(back);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    loader.await.unwrap();
-    settle(&seen, &written).await;
-    let now = listed(&api).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     assert!(kc.exited().is_none(), "kubecast rode the outage out:\n{}", kc.log());
-    let seen = seen.lock().unwrap().clone();
-    let written = written.lock().unwrap();
-    check_exactly_once(&seen, &written, &now);
-    assert!(kc.stop().success(), "{}", kc.log());
-}
-
-/// Starts the broker again when dropped (also when the test fails).
-struct BrokerBack;
-
-impl Drop for BrokerBack {
-    fn drop(&mut self) {
-        env_script(&["up", "kafka"]);
-    }
-}
-
-fn env_script(args: &[&str]) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/env").join(args[0]);
-    let status = std::process::Command::new(script).args(&args[1..]).status().expect("tests/env script");
-    assert!(status.success(), "tests/env/{args:?} failed");
-}
-
-/// A record that no retry delivers (its topic does not exist and is not created) cannot be
-/// skipped: kubecast stops naming the topic, nothing is committed; once the topic exists, a
-/// restart delivers every change once.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_record_no_retry_delivers_stops_kubecast_and_is_sent_after_the_fix() {
-    let _shared = shared();
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "eos-poison").await;
-    let (topic, state) = (common::unique("eos-missing"), common::unique("eos-state"));
-    let mut s = setup(&ns.name, &topic, &state, "");
-    // The broker auto-creates topics; this producer asks it not to, so the topic stays missing.
-    s.sink.push_str(
-        "[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"1000\"\n",
-    );
-    common::create_cms(&client, &ns.name, &common::names("p", 0..3)).await;
-    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
-    let status = kc.wait_exit(WAIT).await;
-    assert!(!status.success(), "{status}");
-    let log = kc.log();
-    assert!(log.contains(&topic) && log.contains("no retry can deliver it"), "names the topic and why:\n{log}");
-
-    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
-    let new = rdkafka::admin::NewTopic::new(&topic, 3, rdkafka::admin::TopicReplication::Fixed(1));
-    admin.create_topics(&[new], &rdkafka::admin::AdminOptions::new()).await.unwrap().remove(0).unwrap();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    committed_reader(topic.clone(), seen.clone(), stop.clone());
-    kc.restart(&[]);
-    let deadline = Instant::now() + WAIT;
-    while seen.lock().unwrap().len() < 3 {
-        assert!(Instant::now() < deadline, "the three changes after the fix:\n{}", kc.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let seen = seen.lock().unwrap().clone();
-    let mut names: Vec<&str> = seen.iter().map(|s| s.name.as_str()).collect();
-    names.sort();
-    assert_eq!(names, ["p00", "p01", "p02"], "each once: {seen:?}");
-    let (_, metrics) = kc.admin_get("/metrics").await;
-    let committed = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("kubecast_kafka_transactions_total{outcome=\"committed\"} "))
-        .and_then(|v| v.trim().parse::<f64>().ok());
-    assert!(committed.is_some_and(|n| n >= 1.0), "committed transactions counted:\n{metrics}");
-    assert!(metrics.contains("kubecast_kafka_transaction_events "), "{metrics}");
+    traffic.finish().await;
     assert!(kc.stop().success(), "{}", kc.log());
 }

@@ -392,8 +392,7 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
     let acked_before = kc.checkpoints()[0].clone();
 
     let outage = Instant::now();
-    env_script(&["down", "kafka"]);
-    let broker_back = BrokerBack;
+    let broker_back = common::Stopped::now("kafka");
     // 1000 changes: 100 objects created, then 9 updates each.
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     futures::stream::iter(0..100)
@@ -473,8 +472,7 @@ async fn a_broker_outage_with_the_state_in_kafka_loses_nothing() {
     let mut kc = start_kafka(&config, &sink_toml(&topic, ""), &checkpoint).await;
     consume_until(&topic, "the snapshot", |r| !r.is_empty()).await;
 
-    env_script(&["down", "kafka"]);
-    let broker_back = BrokerBack;
+    let broker_back = common::Stopped::now("kafka");
     futures::stream::iter(0..20)
         .for_each_concurrent(8, |i| {
             let client = client.clone();
@@ -513,21 +511,6 @@ async fn a_broker_outage_with_the_state_in_kafka_loses_nothing() {
     assert!(again.is_empty(), "sent again after resuming from the state topic: {again:?}\n{}", fresh.log());
     assert!(!fresh.log().contains("list complete"), "resumed, no snapshot:\n{}", fresh.log());
     assert!(fresh.stop().success(), "{}", fresh.log());
-}
-
-/// Starts the broker again when dropped, also when the test fails half-way.
-struct BrokerBack;
-
-impl Drop for BrokerBack {
-    fn drop(&mut self) {
-        env_script(&["up", "kafka"]);
-    }
-}
-
-fn env_script(args: &[&str]) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/env").join(args[0]);
-    let status = std::process::Command::new(script).args(&args[1..]).status().expect("tests/env script");
-    assert!(status.success(), "tests/env/{args:?} failed");
 }
 
 /// A broker that refuses the credentials: a clear error, not ready, no crash, nothing

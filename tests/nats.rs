@@ -338,7 +338,7 @@ async fn server_restart_mid_stream_loses_nothing() {
     let mut restarted = false;
     for v in 1..=6 {
         if v == 3 {
-            env_script(&["down", "nats"]);
+            common::env_script(&["down", "nats"]);
             k.wait_ready_reason("sink").await;
         }
         for n in &names {
@@ -346,7 +346,7 @@ async fn server_restart_mid_stream_loses_nothing() {
         }
         if v == 4 {
             tokio::time::sleep(Duration::from_secs(3)).await;
-            env_script(&["up", "nats"]);
+            common::env_script(&["up", "nats"]);
             restarted = true;
         }
     }
@@ -372,14 +372,8 @@ struct ServerBack;
 
 impl Drop for ServerBack {
     fn drop(&mut self) {
-        env_script(&["up", "nats"]);
+        common::env_script(&["up", "nats"]);
     }
-}
-
-fn env_script(args: &[&str]) {
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/env").join(args[0]);
-    let status = std::process::Command::new(script).args(&args[1..]).status().expect("tests/env script");
-    assert!(status.success(), "tests/env/{args:?} failed");
 }
 
 /// Wrong password: a clear error, not ready, nothing acknowledged, the secret never logged.

@@ -91,6 +91,10 @@ struct Inner {
     /// Exactly-once: the events of the open transaction, in send order.
     events: Vec<Record>,
     event_bytes: usize,
+    /// An early commit was asked for this transaction already (once per transaction: a
+    /// notification per event past the bound would leave a permit that commits the next,
+    /// nearly empty, transaction at once).
+    asked_early: bool,
 }
 
 /// Logs librdkafka's messages and keeps the first record rejected for good.
@@ -101,13 +105,7 @@ pub struct TxnContext {
 
 impl ClientContext for TxnContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
-        match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-                error!(target: "kubecast::kafka", facility = fac, "{msg}")
-            }
-            RDKafkaLogLevel::Warning => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
-            _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
-        }
+        super::client::log(level, fac, msg);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
@@ -190,7 +188,7 @@ impl Transaction {
             producer,
             what,
             exactly_once,
-            inner: Mutex::new(Inner { state: State::Idle, events: Vec::new(), event_bytes: 0 }),
+            inner: Mutex::new(Inner { state: State::Idle, events: Vec::new(), event_bytes: 0, asked_early: false }),
             gate: Arc::new(Gate::default()),
             commit_soon: Arc::new(Notify::new()),
             committed_events: AtomicU64::new(0),
@@ -252,7 +250,10 @@ impl Transaction {
                     inner.event_bytes += record.size();
                     inner.events.push(record);
                     metrics::get().transaction_events.set(inner.events.len() as i64);
-                    if inner.events.len() >= COMMIT_SOON_EVENTS || inner.event_bytes >= COMMIT_SOON_BYTES {
+                    if !inner.asked_early
+                        && (inner.events.len() >= COMMIT_SOON_EVENTS || inner.event_bytes >= COMMIT_SOON_BYTES)
+                    {
+                        inner.asked_early = true;
                         self.commit_soon.notify_one();
                     }
                     return Ok(());
@@ -282,6 +283,7 @@ impl Transaction {
                 inner.events.clear();
                 inner.events.shrink_to(1024);
                 inner.event_bytes = 0;
+                inner.asked_early = false;
                 inner.state = State::Idle;
                 if self.exactly_once {
                     self.reopen(&mut inner)?;

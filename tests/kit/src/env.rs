@@ -111,3 +111,27 @@ fn up(file_var: &str, script: &Path, args: &[&str]) {
     let status = Command::new(script).args(args).status().unwrap_or_else(|e| panic!("{}: {e}", script.display()));
     assert!(status.success(), "{} {} failed ({status}); see tests/env/README.md", script.display(), args.join(" "));
 }
+
+/// Runs `tests/env/<args[0]> <args[1..]>` (e.g. `["down", "kafka"]`), which must succeed.
+pub fn env_script(args: &[&str]) {
+    let script = repo_root().join("tests/env").join(args[0]);
+    let status = Command::new(&script).args(&args[1..]).status().expect("tests/env script");
+    assert!(status.success(), "tests/env/{args:?} failed");
+}
+
+/// A shared server stopped by a test (`tests/env/down <service>`); started again
+/// (`tests/env/up <service>`) when this is dropped, also when the test fails.
+pub struct Stopped(&'static str);
+
+impl Stopped {
+    pub fn now(service: &'static str) -> Self {
+        env_script(&["down", service]);
+        Self(service)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        env_script(&["up", self.0]);
+    }
+}

@@ -19,6 +19,8 @@ pub use cluster::{
     TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, lease_cm_config, names,
     unique, wait_until_expired,
 };
-pub use env::{Env, compacting_kubeconfig, compacting_up, env, env_file, env_up, env_var, kubeconfig, repo_root};
+pub use env::{
+    Env, Stopped, compacting_kubeconfig, compacting_up, env, env_file, env_script, env_up, env_var, kubeconfig, repo_root,
+};
 pub use process::{Kubecast, bin, set_bin};
 pub use sink::{about, pretty, read_events, verb};
