@@ -380,3 +380,53 @@ async fn a_broker_restart_in_the_middle_of_a_transaction_stays_exactly_once() {
     traffic.finish().await;
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// A record that no retry delivers (its topic does not exist and is not created) cannot be
+/// skipped: kubecast stops naming the topic, nothing is committed; once the topic exists, a
+/// restart delivers every change once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_no_retry_delivers_stops_kubecast_and_is_sent_after_the_fix() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-poison").await;
+    let (topic, state) = (common::unique("eos-missing"), common::unique("eos-state"));
+    let mut s = setup(&ns.name, &topic, &state, "");
+    // The broker auto-creates topics; this producer asks it not to, so the topic stays missing.
+    s.sink.push_str(
+        "[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"1000\"\n",
+    );
+    common::create_cms(&client, &ns.name, &common::names("p", 0..3)).await;
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success(), "{status}");
+    let log = kc.log();
+    assert!(log.contains(&topic) && log.contains("no retry can deliver it"), "names the topic and why:\n{log}");
+
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
+    let new = rdkafka::admin::NewTopic::new(&topic, 3, rdkafka::admin::TopicReplication::Fixed(1));
+    admin.create_topics(&[new], &rdkafka::admin::AdminOptions::new()).await.unwrap().remove(0).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    committed_reader(topic.clone(), seen.clone(), stop.clone());
+    kc.restart(&[]);
+    let deadline = Instant::now() + WAIT;
+    while seen.lock().unwrap().len() < 3 {
+        assert!(Instant::now() < deadline, "the three changes after the fix:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = seen.lock().unwrap().clone();
+    let mut names: Vec<&str> = seen.iter().map(|s| s.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["p00", "p01", "p02"], "each once: {seen:?}");
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let committed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("kubecast_kafka_transactions_total{outcome=\"committed\"} "))
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    assert!(committed.is_some_and(|n| n >= 1.0), "committed transactions counted:\n{metrics}");
+    assert!(metrics.contains("kubecast_kafka_transaction_events "), "{metrics}");
+    assert!(kc.stop().success(), "{}", kc.log());
+}
