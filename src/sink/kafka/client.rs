@@ -26,20 +26,9 @@ pub struct KafkaContext {
     connected: Arc<AtomicBool>,
 }
 
-/// librdkafka's log lines, as kubecast's (target `kubecast::kafka`).
-pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
-    match level {
-        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-            error!(target: "kubecast::kafka", facility = fac, "{msg}")
-        }
-        RDKafkaLogLevel::Warning => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
-        _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
-    }
-}
-
 impl ClientContext for KafkaContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
-        log(level, fac, msg);
+        super::logging::log(level, fac, msg);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -14,6 +14,7 @@
 mod client;
 mod config;
 mod encode;
+mod logging;
 pub mod transaction;
 
 pub use client::{KafkaContext, KafkaSink};

@@ -105,7 +105,7 @@ pub struct TxnContext {
 
 impl ClientContext for TxnContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
-        super::client::log(level, fac, msg);
+        super::logging::log(level, fac, msg);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use clap::{Subcommand, ValueEnum};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams};
-use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::store;
@@ -33,6 +32,10 @@ use crate::sink::{Sink, SinkError};
 use crate::source::client::{self, ClientError};
 use crate::state::StoreKind;
 use crate::state::store::{CheckpointError, Delta, Owner, StreamKey, file, kafka, nats};
+
+mod export;
+
+pub use export::{EXPORT_FORMAT, Export, ExportedStream};
 
 /// The `kubecast state` subcommands.
 #[derive(Debug, Subcommand)]
@@ -131,82 +134,6 @@ pub enum StateError {
     NoClusterUid,
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
-}
-
-/// Format of the export document.
-pub const EXPORT_FORMAT: u32 = 1;
-
-/// The export document: every stream of a store, with what kubecast needs to resume it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Export {
-    pub format: u32,
-    /// `[cluster] name` of the exporting config.
-    pub cluster_name: String,
-    /// The uid of the `kube-system` namespace of the cluster at export time.
-    pub cluster_uid: Option<String>,
-    /// Where it came from (`directory ./state`, `Kafka topic kubecast-state`...).
-    pub source: String,
-    pub exported_at: String,
-    pub streams: Vec<ExportedStream>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ExportedStream {
-    /// [`StreamKey::id`] (informative; the key is what counts).
-    pub id: String,
-    pub key: StreamKey,
-    pub cluster_uid: Option<String>,
-    pub resource_version: Option<String>,
-    #[serde(default)]
-    pub acked_ahead: Vec<(String, String)>,
-    /// `[uid, namespace, name, resourceVersion]`, namespace `""` when cluster-scoped.
-    pub objects: Vec<(String, String, String, String)>,
-    /// The next list emits every object (a `reset --to snapshot` not run yet).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub snapshot: bool,
-}
-
-impl Export {
-    pub fn parse(bytes: &[u8]) -> Result<Export, String> {
-        #[derive(Deserialize)]
-        struct Versioned {
-            format: u32,
-        }
-        let v: Versioned = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
-        if v.format != EXPORT_FORMAT {
-            return Err(format!(
-                "export format {} (this kubecast reads format {EXPORT_FORMAT}; import it with the kubecast version that exported it)",
-                v.format
-            ));
-        }
-        let doc: Export = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
-        for s in &doc.streams {
-            if s.id != s.key.id() {
-                return Err(format!("stream {:?}: its id does not match its key (edited?)", s.id));
-            }
-        }
-        Ok(doc)
-    }
-}
-
-impl ExportedStream {
-    fn position(&self) -> Position {
-        let mut objects = ObjectIndex::new();
-        for (uid, ns, name, rv) in &self.objects {
-            let e = IndexEntry {
-                namespace: (!ns.is_empty()).then(|| ns.clone()),
-                name: name.clone(),
-                resource_version: rv.clone(),
-            };
-            objects.insert(uid, &e);
-        }
-        Position {
-            resource_version: self.resource_version.clone(),
-            objects,
-            acked_ahead: self.acked_ahead.clone(),
-            snapshot: self.snapshot,
-        }
-    }
 }
 
 /// One stream as stored.
@@ -664,86 +591,4 @@ async fn import(config: &Config, path: &Path, force: bool, all: bool) -> Result<
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn doc() -> Export {
-        let key = StreamKey {
-            cluster: "e2e".into(),
-            group: String::new(),
-            version: "v1".into(),
-            kind: "ConfigMap".into(),
-            namespace: Some("shop".into()),
-            label_selector: "app=x".into(),
-            field_selector: String::new(),
-        };
-        Export {
-            format: EXPORT_FORMAT,
-            cluster_name: "e2e".into(),
-            cluster_uid: Some("uid-a".into()),
-            source: "directory /tmp/state".into(),
-            exported_at: "2026-11-24T06:00:00Z".into(),
-            streams: vec![ExportedStream {
-                id: key.id(),
-                key,
-                cluster_uid: Some("uid-a".into()),
-                resource_version: Some("1234".into()),
-                acked_ahead: vec![("6f1c1a9e-2b7d-4c1e-9f00-0123456789ab".into(), "1240".into())],
-                objects: vec![
-                    ("6f1c1a9e-2b7d-4c1e-9f00-0123456789ab".into(), "shop".into(), "a".into(), "1200".into()),
-                    ("not-a-uuid".into(), String::new(), "b".into(), "x17".into()),
-                ],
-                snapshot: false,
-            }],
-        }
-    }
-
-    #[test]
-    fn export_round_trips() {
-        let d = doc();
-        let bytes = serde_json::to_vec_pretty(&d).unwrap();
-        assert_eq!(Export::parse(&bytes).unwrap(), d);
-        // And through the index a write would carry: the same rows.
-        let p = d.streams[0].position();
-        let mut rows: Vec<_> = p
-            .objects
-            .iter()
-            .map(|(u, e)| {
-                (
-                    u.to_string(),
-                    e.namespace.unwrap_or("").to_string(),
-                    e.name.to_string(),
-                    e.resource_version.to_string(),
-                )
-            })
-            .collect();
-        rows.sort();
-        let mut want = d.streams[0].objects.clone();
-        want.sort();
-        assert_eq!(rows, want);
-        assert_eq!(p.resource_version.as_deref(), Some("1234"));
-        assert_eq!(p.acked_ahead, d.streams[0].acked_ahead);
-    }
-
-    #[test]
-    fn other_formats_and_edited_ids_are_refused() {
-        let mut v = serde_json::to_value(doc()).unwrap();
-        v["format"] = 2.into();
-        let e = Export::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
-        assert!(e.contains("format 2"), "{e}");
-        let mut v = serde_json::to_value(doc()).unwrap();
-        v["streams"][0]["key"]["namespace"] = "other".into();
-        let e = Export::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
-        assert!(e.contains("does not match"), "{e}");
-        assert!(Export::parse(b"[]").unwrap_err().contains("not a kubecast state export"));
-    }
-
-    #[test]
-    fn streams_are_picked_by_id_or_unique_prefix() {
-        let ids = vec!["configmap.core.v1.ns-a.1111".to_string(), "configmap.core.v1.ns-ab.2222".to_string()];
-        assert_eq!(pick("configmap.core.v1.ns-a.1111", &ids, "x").unwrap(), 0);
-        assert_eq!(pick("configmap.core.v1.ns-ab", &ids, "x").unwrap(), 1);
-        assert!(matches!(pick("configmap.core.v1.ns-a", &ids, "x"), Err(StateError::Ambiguous { .. })));
-        assert!(matches!(pick("secret", &ids, "x"), Err(StateError::NoSuchStream { .. })));
-    }
-}
+mod tests;

@@ -1,0 +1,83 @@
+//! The export document of `kubecast state export` / `import`: versioned, with the cluster's
+//! identity and, per stream, its key, position and index rows.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{IndexEntry, ObjectIndex, Position};
+use crate::state::store::StreamKey;
+
+/// Format of the export document.
+pub const EXPORT_FORMAT: u32 = 1;
+
+/// The export document: every stream of a store, with what kubecast needs to resume it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Export {
+    pub format: u32,
+    /// `[cluster] name` of the exporting config.
+    pub cluster_name: String,
+    /// The uid of the `kube-system` namespace of the cluster at export time.
+    pub cluster_uid: Option<String>,
+    /// Where it came from (`directory ./state`, `Kafka topic kubecast-state`...).
+    pub source: String,
+    pub exported_at: String,
+    pub streams: Vec<ExportedStream>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportedStream {
+    /// [`StreamKey::id`] (informative; the key is what counts).
+    pub id: String,
+    pub key: StreamKey,
+    pub cluster_uid: Option<String>,
+    pub resource_version: Option<String>,
+    #[serde(default)]
+    pub acked_ahead: Vec<(String, String)>,
+    /// `[uid, namespace, name, resourceVersion]`, namespace `""` when cluster-scoped.
+    pub objects: Vec<(String, String, String, String)>,
+    /// The next list emits every object (a `reset --to snapshot` not run yet).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
+}
+
+impl Export {
+    pub fn parse(bytes: &[u8]) -> Result<Export, String> {
+        #[derive(Deserialize)]
+        struct Versioned {
+            format: u32,
+        }
+        let v: Versioned = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
+        if v.format != EXPORT_FORMAT {
+            return Err(format!(
+                "export format {} (this kubecast reads format {EXPORT_FORMAT}; import it with the kubecast version that exported it)",
+                v.format
+            ));
+        }
+        let doc: Export = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
+        for s in &doc.streams {
+            if s.id != s.key.id() {
+                return Err(format!("stream {:?}: its id does not match its key (edited?)", s.id));
+            }
+        }
+        Ok(doc)
+    }
+}
+
+impl ExportedStream {
+    pub(super) fn position(&self) -> Position {
+        let mut objects = ObjectIndex::new();
+        for (uid, ns, name, rv) in &self.objects {
+            let e = IndexEntry {
+                namespace: (!ns.is_empty()).then(|| ns.clone()),
+                name: name.clone(),
+                resource_version: rv.clone(),
+            };
+            objects.insert(uid, &e);
+        }
+        Position {
+            resource_version: self.resource_version.clone(),
+            objects,
+            acked_ahead: self.acked_ahead.clone(),
+            snapshot: self.snapshot,
+        }
+    }
+}
