@@ -167,6 +167,7 @@ impl Reflector {
                     return Ok(Err(Closed));
                 }
             }
+            release_freed_memory();
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(next) => token = Some(next),
                 None => return Ok(Ok(page.metadata.resource_version.unwrap_or_default())),
@@ -195,6 +196,7 @@ impl Reflector {
             Err(e) => return Ok(Ok(self.after_list_error(e, list.origin)?)),
         };
         let idle = self.idle_timeout();
+        let mut objects = 0usize;
         loop {
             let event = match tokio::time::timeout(idle, stream.try_next()).await {
                 Ok(Ok(Some(ev))) => ev,
@@ -211,6 +213,10 @@ impl Reflector {
                 WatchEvent::Added(obj) | WatchEvent::Modified(obj) => {
                     if self.diff_item(&mut list, obj).await.is_err() {
                         return Ok(Err(Closed));
+                    }
+                    objects += 1;
+                    if objects.is_multiple_of(self.spec.page_size.max(1) as usize) {
+                        release_freed_memory();
                     }
                 }
                 WatchEvent::Bookmark(b)
@@ -248,6 +254,18 @@ impl Reflector {
         self.streaming = Some(false);
         State::Listing { origin }
     }
+}
+
+/// Gives the memory a list page held (its body, ~1 KB per object, in the allocator's large
+/// segments; a streaming list: every `page_size` objects) back to the system at once. kubecast's allocator keeps freed memory for its
+/// 10 s purge epoch (`app/allocator.rs`, chosen for the CPU cost of faulting pages in again
+/// at high event rates); a 100k-object relist of 200 pages would hold its pages' memory for
+/// the whole list (a peak of ~2.5x the resumed RSS, `docs/benchmarks.md`, session 10).
+/// Once per page: a fraction of a millisecond against the page's own request.
+fn release_freed_memory() {
+    // SAFETY: mi_collect may be called from any thread at any time; with the system
+    // allocator (tests, benchmarks without mimalloc) it only visits mimalloc's empty heap.
+    unsafe { libmimalloc_sys::mi_collect(true) };
 }
 
 /// A streaming list answered 422 or 400, as the response's status or as an ERROR event in
