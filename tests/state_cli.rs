@@ -319,9 +319,17 @@ async fn write_refused_while_the_lease_is_held_unless_forced(store: Store) {
     k.wait_for("snapshot", WAIT, |e| e.len() == 1).await;
     let pid = k.pid().unwrap();
     let cfg = config_of(&k);
-    // Reading works while it runs.
-    let listed = state_ok(&cfg, &["list", "-o", "json"]);
-    let id = serde_json::from_str::<Value>(&listed).unwrap()[0]["stream"].as_str().unwrap().to_string();
+    // Reading works while it runs (once its first checkpoint write happened: the event in the
+    // sink comes first).
+    let deadline = std::time::Instant::now() + WAIT;
+    let id = loop {
+        let listed: Value = serde_json::from_str(&state_ok(&cfg, &["list", "-o", "json"])).unwrap();
+        if let Some(id) = listed[0]["stream"].as_str() {
+            break id.to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "the stream never listed: {listed:#}\n{}", k.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
 
     let (ok, _, err) = state(&cfg, &["reset", &id, "--to", "now"]);
     assert!(!ok, "refused while held");

@@ -227,35 +227,43 @@ async fn topic_exists(cfg: &KafkaStoreConfig, what: &str) -> Result<bool, Checkp
     .expect("metadata task")
 }
 
-fn load(
+/// Reads `topic` from its beginning to its end, committed records only, calling `each` with
+/// every keyed record; the records read. A consumer of group `group`, no producer: nobody is
+/// fenced. `missing`: what to say when the topic has no partitions.
+fn read_to_end(
     client: &ClientConfig,
     topic: &str,
-    keys: &[StreamKey],
-    owner: &Owner,
-) -> Result<Vec<Option<Position>>, CheckpointError> {
+    group: &str,
+    missing: &str,
+    mut each: impl FnMut(&str, &rdkafka::message::BorrowedMessage<'_>) -> Result<(), CheckpointError>,
+) -> Result<u64, CheckpointError> {
     let what = format!("Kafka state topic {topic}");
     let mut cc = client.clone();
-    cc.set("group.id", "kubecast-state-loader")
+    cc.set("allow.auto.create.topics", "false")
+        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer = cc.create().map_err(|e| broker(&what, format!("consumer: {e}")))?;
     let md = consumer.fetch_metadata(Some(topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
-    let partitions: Vec<i32> =
-        md.topics().iter().filter(|t| t.name() == topic).flat_map(|t| t.partitions().iter().map(|p| p.id())).collect();
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
     if partitions.is_empty() {
-        return Err(broker(&what, "has no partitions"));
+        return Err(broker(&what, missing));
     }
     let mut tpl = TopicPartitionList::new();
     for p in &partitions {
         tpl.add_partition_offset(topic, *p, Offset::Beginning).map_err(|e| broker(&what, e))?;
     }
     consumer.assign(&tpl).map_err(|e| broker(&what, format!("assign: {e}")))?;
-    let mut loader = Loader::new(format!("Kafka topic {topic}"), keys, owner);
     let mut open: std::collections::HashSet<i32> = partitions.into_iter().collect();
-    let (started, mut records) = (Instant::now(), 0u64);
-    let deadline = started + Duration::from_secs(300);
+    let mut records = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(300);
     while !open.is_empty() {
         if Instant::now() > deadline {
             return Err(broker(&what, "not read to its end within 300 s"));
@@ -271,10 +279,24 @@ fn load(
                 let Some(key) = m.key() else { continue };
                 let key = std::str::from_utf8(key)
                     .map_err(|e| broker(&what, format!("a key that is not UTF-8 at offset {}: {e}", m.offset())))?;
-                loader.apply(key, m.payload())?;
+                each(key, &m)?;
             }
         }
     }
+    Ok(records)
+}
+
+fn load(
+    client: &ClientConfig,
+    topic: &str,
+    keys: &[StreamKey],
+    owner: &Owner,
+) -> Result<Vec<Option<Position>>, CheckpointError> {
+    let started = Instant::now();
+    let mut loader = Loader::new(format!("Kafka topic {topic}"), keys, owner);
+    let records = read_to_end(client, topic, "kubecast-state-loader", "has no partitions", |key, m| {
+        loader.apply(key, m.payload())
+    })?;
     info!(topic, records, took = ?started.elapsed(), "Kafka state topic read");
     loader.finish()
 }
@@ -285,51 +307,17 @@ fn load(
 pub async fn scan(client: &ClientConfig, topic: &str) -> Result<Vec<super::record::ScannedStream>, CheckpointError> {
     let (client, topic) = (client.clone(), topic.to_string());
     tokio::task::spawn_blocking(move || {
-        let what = format!("Kafka state topic {topic}");
-        let mut cc = client.clone();
-        cc.set("allow.auto.create.topics", "false")
-            .set("group.id", "kubecast-state-cli")
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest");
-        let consumer: BaseConsumer = cc.create().map_err(|e| broker(&what, format!("consumer: {e}")))?;
-        let md = consumer.fetch_metadata(Some(&topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
-        let partitions: Vec<i32> = md
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        if partitions.is_empty() {
-            return Err(broker(&what, "does not exist (no kubecast wrote state there yet?)"));
-        }
-        let mut tpl = TopicPartitionList::new();
-        for p in &partitions {
-            tpl.add_partition_offset(&topic, *p, Offset::Beginning).map_err(|e| broker(&what, e))?;
-        }
-        consumer.assign(&tpl).map_err(|e| broker(&what, format!("assign: {e}")))?;
         let mut latest = super::record::Latest::new();
-        let mut open: std::collections::HashSet<i32> = partitions.into_iter().collect();
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while !open.is_empty() {
-            if Instant::now() > deadline {
-                return Err(broker(&what, "not read to its end within 300 s"));
-            }
-            match consumer.poll(Duration::from_millis(500)) {
-                None => {}
-                Some(Err(KafkaError::PartitionEOF(p))) => {
-                    open.remove(&p);
-                }
-                Some(Err(e)) => return Err(broker(&what, format!("reading it: {e}"))),
-                Some(Ok(m)) => {
-                    let Some(key) = m.key() else { continue };
-                    let key = std::str::from_utf8(key)
-                        .map_err(|e| broker(&what, format!("a key that is not UTF-8 at offset {}: {e}", m.offset())))?;
-                    latest.insert(key.to_string(), (m.payload().map(<[u8]>::to_vec), m.timestamp().to_millis()));
-                }
-            }
-        }
+        read_to_end(
+            &client,
+            &topic,
+            "kubecast-state-cli",
+            "does not exist (no kubecast wrote state there yet?)",
+            |key, m| {
+                latest.insert(key.to_string(), (m.payload().map(<[u8]>::to_vec), m.timestamp().to_millis()));
+                Ok(())
+            },
+        )?;
         super::record::fold_all(&format!("Kafka topic {topic}"), &latest)
     })
     .await
