@@ -802,6 +802,9 @@ async fn the_pod_meets_the_restricted_pod_security_standard() {
         kubectl(&["label", "namespace", &ns.name, "pod-security.kubernetes.io/enforce=restricted"], None),
         "label namespace",
     );
+    // The ServiceAccount admission plugin (on while the node runs) wants the pod's account.
+    let sa = pod_spec(&render("minimal", &[]))["serviceAccountName"].as_str().unwrap().to_string();
+    ok(kubectl(&["-n", &ns.name, "create", "serviceaccount", &sa], None), "create serviceaccount");
     let pod_from = |sets: &[&str]| {
         let objs = render("minimal", sets);
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "kubecast", "namespace": ns.name},

@@ -26,8 +26,16 @@ KAFKA_CONTROLLER_PORT=${KUBECAST_ENV_KAFKA_CONTROLLER_PORT:-19093}
 # A second listener that requires SASL/PLAIN (user kubecast, password kubecast-secret), for
 # authentication tests.
 KAFKA_SASL_PORT=${KUBECAST_ENV_KAFKA_SASL_PORT:-19094}
+# A listener for pods on the node (tests/env/node): bound on 127.0.0.1, advertised as
+# $NODE_HOST_IP:<port>, which the node's network namespace reaches (see tests/env/node).
+KAFKA_NODE_PORT=${KUBECAST_ENV_KAFKA_NODE_PORT:-19096}
 NATS_PORT=${KUBECAST_ENV_NATS_PORT:-14222}
 NATS_MONITOR_PORT=${KUBECAST_ENV_NATS_MONITOR_PORT:-18222}
+
+# The node (tests/env/node): its network namespace reaches this machine at NODE_HOST_IP (the
+# host end of a veth pair), and this machine reaches the node at NODE_IP.
+NODE_HOST_IP=${KUBECAST_ENV_NODE_HOST_IP:-10.201.0.1}
+NODE_IP=${KUBECAST_ENV_NODE_IP:-10.201.0.2}
 
 log() { printf '[tests/env] %s\n' "$*" >&2; }
 die() {
@@ -77,6 +85,17 @@ unlock_build() {
 	7) exec 7>&- ;;
 	8) exec 8>&- ;;
 	esac
+}
+
+# node_mode: the apiserver serves a node (tests/env/node): the ServiceAccount admission plugin
+# on (the node's controller-manager makes every namespace's "default" ServiceAccount). Set by
+# KUBECAST_ENV_NODE=1 (tests/run), or remembered from `tests/env/node up` ($STATE_DIR/node-mode).
+node_mode() {
+	case ${KUBECAST_ENV_NODE:-} in
+	1) return 0 ;;
+	0) return 1 ;;
+	esac
+	[[ -f $STATE_DIR/node-mode ]]
 }
 
 # ---------------------------------------------------------------- toolchains
@@ -198,6 +217,42 @@ ensure_kube() {
 	link_bin "$apiserver" kube-apiserver
 	link_bin "$kubectl" kubectl
 }
+
+# ensure_node_bins: build (first time only) the node's kubelet, kube-controller-manager,
+# kube-scheduler and kube-proxy from the module of kube-apiserver (tests/env/kube: the same
+# version) and link them into $BIN_DIR. Sets KUBE_VERSION.
+ensure_node_bins() {
+	local dir=$ENV_DIR/kube key c missing=""
+	KUBE_VERSION=$(go_mod_version "$dir" k8s.io/kubernetes)
+	key=$KUBE_VERSION-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/tools.go")
+	for c in "${NODE_COMMANDS[@]}"; do [[ -x $CACHE_DIR/bin/$c-$key ]] || missing=1; done
+	if [[ -n $missing ]]; then
+		find_go
+		lock_build 8 kube-node
+		missing=""
+		for c in "${NODE_COMMANDS[@]}"; do [[ -x $CACHE_DIR/bin/$c-$key ]] || missing=1; done
+		if [[ -n $missing ]]; then
+			log "building ${NODE_COMMANDS[*]} $KUBE_VERSION (first run, ~5-8 min on 2 cores) ..."
+			local t0=$SECONDS tmp=$CACHE_DIR/bin/.kube-node-$key.tmp minor=${KUBE_VERSION#v1.} x ld pkgs=()
+			minor=${minor%%.*}
+			ld='-s -w'
+			for x in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+				ld+=" -X $x.gitVersion=$KUBE_VERSION -X $x.gitMajor=1 -X $x.gitMinor=$minor -X $x.gitTreeState=clean"
+			done
+			for c in "${NODE_COMMANDS[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+			rm -rf "$tmp"
+			mkdir -p "$tmp"
+			go_build "${NODE_COMMANDS[*]} $KUBE_VERSION" "$dir" "$STATE_DIR/build-kube-node.log" -- \
+				-ldflags "$ld" -o "$tmp/" "${pkgs[@]}"
+			for c in "${NODE_COMMANDS[@]}"; do mv -f "$tmp/$c" "$CACHE_DIR/bin/$c-$key"; done
+			rm -rf "$tmp"
+			log "built ${NODE_COMMANDS[*]} $KUBE_VERSION in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	for c in "${NODE_COMMANDS[@]}"; do link_bin "$CACHE_DIR/bin/$c-$key" "$c"; done
+}
+NODE_COMMANDS=(kubelet kube-controller-manager kube-scheduler kube-proxy)
 
 ensure_nats() {
 	local dir=$ENV_DIR/nats ver key out
@@ -624,6 +679,8 @@ write_env() {
 		for svc in "${running[@]}"; do
 			cat "$STATE_DIR/$svc/env"
 		done
+		# The node (tests/env/node), while its kubelet runs.
+		if svc_alive node-kubelet && [[ -f $STATE_DIR/node/env ]]; then cat "$STATE_DIR/node/env"; fi
 		# Tools built by tests/env/tools (not services: present once built).
 		if [[ -x $BIN_DIR/helm ]]; then kv HELM "$BIN_DIR/helm"; fi
 		if [[ -x $BIN_DIR/otelcol ]]; then kv OTELCOL "$BIN_DIR/otelcol"; fi
