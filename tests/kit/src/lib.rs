@@ -5,15 +5,20 @@
 //! * [`cluster`]: a Kubernetes client for them, namespaces, ConfigMaps;
 //! * [`process`]: running the kubecast binary ([`Kubecast`]: a file sink and a checkpoint dir
 //!   in a fresh directory, its log, its admin server, signals);
-//! * [`sink`]: reading what it emitted (JSON lines of CloudEvents).
+//! * [`sink`]: reading what it emitted (JSON lines of CloudEvents);
+//! * [`traffic`]: a steady load of changes and an independent Kafka or NATS consumer that
+//!   judges what was published (nothing lost, per-object order, duplicates);
+//! * [`node`]: the single-node cluster of `tests/env/node`: the image, helm, kubectl, pods.
 //!
 //! Everything is also re-exported here, so a test reads `use kubecast_kit as common;` and
 //! `common::client()`. The kit does not depend on the kubecast library: tests drive the binary.
 
 pub mod cluster;
 pub mod env;
+pub mod node;
 pub mod process;
 pub mod sink;
+pub mod traffic;
 
 pub use cluster::{
     TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, lease_cm_config, names,

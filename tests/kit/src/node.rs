@@ -1,0 +1,270 @@
+//! The single-node cluster of `tests/env/node` (kubelet, containerd, kube-proxy, scheduler and
+//! controller-manager on the test apiserver): the kubecast image imported into the node's
+//! containerd, `helm` and `kubectl` against it, the pods of a release and their metrics.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::env::{env, env_var, repo_root};
+
+/// Panics, naming the fix, when the node does not run.
+pub fn require() {
+    assert!(
+        env().contains_key("KUBECAST_NODE"),
+        "the node of tests/env/node does not run (no KUBECAST_NODE in the env file): run the suite with tests/run, or start it with `tests/env/node up` (root)"
+    );
+}
+
+/// The kubecast image, built by `docker/build` and imported into the node's containerd once per
+/// test binary: (repository, tag). `KUBECAST_IMAGE_ARCHIVE` names an archive built already
+/// (tests/run builds it beside the tests' build); else it is built now.
+pub fn image() -> &'static (String, String) {
+    static IMAGE: OnceLock<(String, String)> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        require();
+        let archive = match std::env::var_os("KUBECAST_IMAGE_ARCHIVE") {
+            Some(a) => PathBuf::from(a),
+            None => {
+                let out = repo_root().join("target/image/kubecast.oci.tar");
+                if !out.exists() {
+                    run(Command::new(repo_root().join("docker/build")).arg("--out").arg(&out), "docker/build");
+                }
+                out
+            }
+        };
+        let out = run(Command::new(env_var("KUBECAST_NODE_CTR")).args(["images", "import"]).arg(&archive), "ctr images import");
+        // "unpacking localhost/kubecast:0.1.0 (sha256:...)...done"
+        let name = text(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("unpacking ").and_then(|r| r.split_whitespace().next()).map(str::to_string))
+            .unwrap_or_else(|| panic!("ctr images import {} named no image: {}", archive.display(), text(&out.stdout)));
+        let (repo, tag) = name.rsplit_once(':').expect("an image name with a tag");
+        (repo.to_string(), tag.to_string())
+    })
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Runs `cmd`, which must succeed; its output.
+pub fn run(cmd: &mut Command, what: &str) -> Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert!(out.status.success(), "{what} failed ({}):\n{}\n{}", out.status, text(&out.stdout), text(&out.stderr));
+    out
+}
+
+/// `kubectl ARGS` with the admin kubeconfig; must succeed; its stdout.
+pub fn kubectl(args: &[&str]) -> String {
+    text(&run(Command::new(env_var("KUBECTL")).env("KUBECONFIG", env_var("KUBECONFIG")).args(args), &format!("kubectl {args:?}")).stdout)
+}
+
+/// `kubectl ARGS`, which may fail: (success, stdout + stderr).
+pub fn kubectl_try(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env_var("KUBECTL")).env("KUBECONFIG", env_var("KUBECONFIG")).args(args).output().expect("kubectl");
+    (out.status.success(), text(&out.stdout) + &text(&out.stderr))
+}
+
+/// `helm ARGS` with the admin kubeconfig; must succeed; its stdout.
+pub fn helm(args: &[&str]) -> String {
+    text(&run(Command::new(env_var("HELM")).env("KUBECONFIG", env_var("KUBECONFIG")).args(args), &format!("helm {args:?}")).stdout)
+}
+
+/// `kubectl rollout status` of a Deployment (waits for the rollout: no fixed sleep).
+pub fn rollout(ns: &str, deployment: &str) {
+    kubectl(&["-n", ns, "rollout", "status", &format!("deployment/{deployment}"), "--timeout=180s"]);
+}
+
+/// One pod as the tests need it.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub name: String,
+    pub ip: String,
+    pub ready: bool,
+    pub deleting: bool,
+    pub restarts: u64,
+    /// The last termination reason of its kubecast container (e.g. "OOMKilled").
+    pub last_terminated: Option<String>,
+    /// The pod-template-hash label (its ReplicaSet).
+    pub template_hash: String,
+}
+
+/// The pods of `ns` matching `selector`.
+pub fn pods(ns: &str, selector: &str) -> Vec<Pod> {
+    let list: Value = serde_json::from_str(&kubectl(&["-n", ns, "get", "pods", "-l", selector, "-o", "json"])).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let statuses = p["status"]["containerStatuses"].as_array().cloned().unwrap_or_default();
+            let c = statuses.iter().find(|c| c["name"] == "kubecast").cloned().unwrap_or(Value::Null);
+            Pod {
+                name: p["metadata"]["name"].as_str().unwrap().to_string(),
+                ip: p["status"]["podIP"].as_str().unwrap_or("").to_string(),
+                ready: p["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")),
+                deleting: !p["metadata"]["deletionTimestamp"].is_null(),
+                restarts: c["restartCount"].as_u64().unwrap_or(0),
+                last_terminated: c["lastState"]["terminated"]["reason"].as_str().map(str::to_string),
+                template_hash: p["metadata"]["labels"]["pod-template-hash"].as_str().unwrap_or("").to_string(),
+            }
+        })
+        .collect()
+}
+
+/// The samples of `/metrics` of the pod at `ip` (admin port 9090): name{labels} -> value; None
+/// when it does not answer.
+pub fn metrics(ip: &str) -> Option<BTreeMap<String, f64>> {
+    use std::io::{Read, Write};
+    let addr = format!("{ip}:9090").parse().ok()?;
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: kubecast\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    let (_, body) = body.split_once("\r\n\r\n")?;
+    Some(
+        body.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+            .collect(),
+    )
+}
+
+/// The sum of the samples of metric `name` (any labels).
+pub fn sum(samples: &BTreeMap<String, f64>, name: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|(k, _)| k.strip_prefix(name).is_some_and(|rest| rest.is_empty() || rest.starts_with('{')))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Waits (up to `timeout`) until `cond` holds; whether it did.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Which pods publish, sampled every 100 ms from their `kubecast_events_published_total`
+/// (pods listed anew every second): the overlaps of two publishers and the handover gaps.
+pub struct Publishers {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<Interval>>>,
+}
+
+/// One sampling interval: the pods whose published counter grew in it.
+#[derive(Clone, Debug)]
+pub struct Interval {
+    pub at: Instant,
+    pub publishing: Vec<String>,
+}
+
+/// What [`Publishers::finish`] found.
+#[derive(Debug)]
+pub struct Publishing {
+    /// The longest run of consecutive 100 ms intervals in which two or more pods published.
+    pub overlap_intervals: usize,
+    /// The pods that published at once in that run.
+    pub overlap_pods: Vec<String>,
+    /// Each change of publisher: (old, new, the time from the old one's last increase to the
+    /// new one's first).
+    pub handovers: Vec<(String, String, Duration)>,
+    /// Every pod that published at some point.
+    pub publishers: Vec<String>,
+}
+
+impl Publishers {
+    pub fn start(ns: &str, selector: &str) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ns, selector, flag) = (ns.to_string(), selector.to_string(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let mut last: BTreeMap<String, f64> = BTreeMap::new();
+            let mut ips: Vec<(String, String)> = Vec::new();
+            let mut listed = Instant::now() - Duration::from_secs(5);
+            let mut out = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                let t0 = Instant::now();
+                if t0.duration_since(listed) >= Duration::from_secs(1) {
+                    ips = pods(&ns, &selector).into_iter().filter(|p| !p.ip.is_empty()).map(|p| (p.name, p.ip)).collect();
+                    listed = t0;
+                }
+                let mut publishing = Vec::new();
+                for (name, ip) in &ips {
+                    let Some(m) = metrics(ip) else { continue };
+                    let n = sum(&m, "kubecast_events_published_total");
+                    let before = last.insert(name.clone(), n).unwrap_or(0.0);
+                    if n > before {
+                        publishing.push(name.clone());
+                    }
+                }
+                out.push(Interval { at: t0, publishing });
+                std::thread::sleep(Duration::from_millis(100).saturating_sub(t0.elapsed()));
+            }
+            out
+        });
+        Self { stop, thread: Some(thread) }
+    }
+
+    pub fn finish(mut self) -> Publishing {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let intervals = self.thread.take().unwrap().join().expect("the publishers' sampler");
+        summarize(&intervals)
+    }
+}
+
+impl Drop for Publishers {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Overlaps and handovers of a series of intervals.
+pub fn summarize(intervals: &[Interval]) -> Publishing {
+    let (mut run, mut best, mut best_pods) = (0, 0, Vec::new());
+    let mut handovers = Vec::new();
+    let mut publishers: Vec<String> = Vec::new();
+    let mut current: Option<(String, Instant)> = None; // the publisher and its last increase
+    for i in intervals {
+        if i.publishing.len() >= 2 {
+            run += 1;
+            if run > best {
+                best = run;
+                best_pods = i.publishing.clone();
+            }
+        } else {
+            run = 0;
+        }
+        for p in &i.publishing {
+            if !publishers.contains(p) {
+                publishers.push(p.clone());
+            }
+        }
+        match (&current, i.publishing.as_slice()) {
+            (_, []) => {}
+            (Some((old, since)), [new, ..]) if old != new && !i.publishing.contains(old) => {
+                handovers.push((old.clone(), new.clone(), i.at.duration_since(*since)));
+                current = Some((new.clone(), i.at));
+            }
+            (Some((old, _)), _) if i.publishing.contains(old) => current = Some((old.clone(), i.at)),
+            (_, [new, ..]) => current = Some((new.clone(), i.at)),
+        }
+    }
+    Publishing { overlap_intervals: best, overlap_pods: best_pods, handovers, publishers }
+}

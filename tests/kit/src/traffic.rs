@@ -1,0 +1,363 @@
+//! A steady load of changes and an independent consumer that judges what a kubecast published:
+//! nothing lost, each object's changes in apiserver order, the rebuilt view equal to the
+//! apiserver's list; duplicates counted (at least once) or refused (exactly once).
+//!
+//! The load creates, updates and deletes ConfigMaps of one namespace at a fixed rate and
+//! remembers every resourceVersion it was given; the reader reads the sink's topic (Kafka, every
+//! partition from the beginning) or stream (NATS JetStream) from its own connection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+/// One event as the consumer saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub id: String,
+    pub uid: String,
+    pub verb: String,
+    pub name: String,
+    pub rv: u64,
+    /// When the consumer read it.
+    pub at: Instant,
+}
+
+impl Seen {
+    /// From a structured event (the JSON envelope), or from a binary one (`ce_*` / `ce-*`
+    /// headers and the object as the body).
+    fn parse(body: &[u8], header: impl Fn(&str) -> Option<String>) -> Option<Self> {
+        let (id, ty, data) = match header("id") {
+            Some(id) => (id, header("type")?, serde_json::from_slice::<Value>(body).ok()?),
+            None => {
+                let e: Value = serde_json::from_slice(body).ok()?;
+                (e["id"].as_str()?.to_string(), e["type"].as_str()?.to_string(), e["data"].clone())
+            }
+        };
+        let meta = &data["metadata"];
+        Some(Self {
+            id,
+            uid: meta["uid"].as_str()?.to_string(),
+            verb: ty.rsplit('.').next()?.to_string(),
+            name: meta["name"].as_str()?.to_string(),
+            rv: meta["resourceVersion"].as_str()?.parse().ok()?,
+            at: Instant::now(),
+        })
+    }
+}
+
+/// Where the consumer reads.
+#[derive(Clone, Debug)]
+pub enum Source {
+    /// A Kafka topic, every partition from the beginning; `read_committed` hides aborted
+    /// transactions (what an exactly-once consumer does).
+    Kafka { brokers: String, topic: String, read_committed: bool },
+    /// A JetStream stream, from its first message.
+    Nats { url: String, stream: String },
+}
+
+/// What the load wrote: per uid, the resourceVersions of its creates and updates, and
+/// whether it was deleted.
+#[derive(Default, Debug)]
+pub struct Written {
+    pub changes: BTreeMap<String, Vec<u64>>,
+    pub deleted: Vec<String>,
+}
+
+impl Written {
+    pub fn count(&self) -> usize {
+        self.changes.values().map(Vec::len).sum::<usize>() + self.deleted.len()
+    }
+}
+
+/// Creates, updates and deletes ConfigMaps named `cm-0` .. `cm-<names-1>` at about
+/// `per_second`, until `stop`.
+pub async fn load(api: Api<ConfigMap>, names: usize, per_second: u64, written: Arc<Mutex<Written>>, stop: Arc<AtomicBool>) {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut live: HashMap<String, String> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / per_second));
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        n += 1;
+        let name = format!("cm-{}", rnd() % names as u64);
+        match live.get(&name).cloned() {
+            None => {
+                let cm: ConfigMap =
+                    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"n": n.to_string()}})).unwrap();
+                if let Ok(c) = api.create(&PostParams::default(), &cm).await {
+                    let uid = c.metadata.uid.unwrap();
+                    let rv = c.metadata.resource_version.unwrap().parse().unwrap();
+                    written.lock().unwrap().changes.entry(uid.clone()).or_default().push(rv);
+                    live.insert(name, uid);
+                }
+            }
+            Some(uid) if rnd() % 10 < 7 => {
+                let patch = json!({"data": {"n": n.to_string()}});
+                if let Ok(c) = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                    let rv = c.metadata.resource_version.unwrap().parse().unwrap();
+                    written.lock().unwrap().changes.entry(uid).or_default().push(rv);
+                }
+            }
+            Some(uid) => {
+                if api.delete(&name, &DeleteParams::default()).await.is_ok() {
+                    written.lock().unwrap().deleted.push(uid);
+                    live.remove(&name);
+                }
+            }
+        }
+    }
+}
+
+/// Reads `source` into `out` until `stop`.
+pub fn reader(source: Source, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    match source {
+        Source::Kafka { brokers, topic, read_committed } => {
+            tokio::spawn(kafka_reader(brokers, topic, read_committed, out, stop))
+        }
+        Source::Nats { url, stream } => tokio::spawn(nats_reader(url, stream, out, stop)),
+    }
+}
+
+async fn kafka_reader(brokers: String, topic: String, read_committed: bool, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", crate::unique("traffic"))
+        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
+        .set("enable.auto.commit", "false")
+        .set("topic.metadata.refresh.interval.ms", "500")
+        .create()
+        .expect("a Kafka consumer");
+    let partitions = loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(md) = consumer.fetch_metadata(Some(&topic), Duration::from_secs(2))
+            && let Some(t) =
+                md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        {
+            break t.partitions().len() as i32;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut stream = consumer.stream();
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {
+            continue;
+        };
+        let Some(body) = m.payload() else { continue }; // a tombstone
+        let header = |k: &str| {
+            let want = format!("ce_{k}");
+            m.headers()?.iter().find(|h| h.key == want).and_then(|h| h.value).map(|v| String::from_utf8_lossy(v).into())
+        };
+        let seen = Seen::parse(body, header).unwrap_or_else(|| panic!("not an event: {}", String::from_utf8_lossy(body)));
+        out.lock().unwrap().push(seen);
+    }
+}
+
+async fn nats_reader(url: String, stream: String, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
+    use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+    let client = async_nats::connect(&url).await.expect("a NATS connection");
+    let js = async_nats::jetstream::new(client);
+    let st = loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        if let Ok(s) = js.get_stream(&stream).await {
+            break s;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let consumer = st
+        .create_consumer(pull::Config { deliver_policy: DeliverPolicy::All, ..Default::default() })
+        .await
+        .expect("an ephemeral consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), messages.next()).await else {
+            continue;
+        };
+        let header = |k: &str| Some(m.headers.as_ref()?.get(format!("ce-{k}").as_str())?.as_str().to_string());
+        let seen = Seen::parse(&m.payload, header)
+            .unwrap_or_else(|| panic!("not an event: {}", String::from_utf8_lossy(&m.payload)));
+        out.lock().unwrap().push(seen);
+        let _ = m.ack().await;
+    }
+}
+
+/// How strictly duplicates are judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Delivery {
+    /// Every change at least once: duplicates (the same id again) are counted, then dropped.
+    AtLeastOnce,
+    /// Every change exactly once: any id seen twice fails.
+    ExactlyOnce,
+}
+
+/// What a finished [`Traffic`] found.
+#[derive(Debug)]
+pub struct Verdict {
+    pub written: usize,
+    pub seen: usize,
+    pub duplicates: usize,
+    /// Every event read, in the order read.
+    pub events: Vec<Seen>,
+}
+
+/// Checks `seen` against `written` and the apiserver's list `now`; panics naming what is wrong.
+pub fn judge(seen: &[Seen], written: &Written, now: &BTreeMap<String, u64>, delivery: Delivery) -> Verdict {
+    let mut first: HashMap<&str, usize> = HashMap::new();
+    let mut unique = Vec::with_capacity(seen.len());
+    for s in seen {
+        let n = first.entry(&s.id).or_default();
+        *n += 1;
+        if *n == 1 {
+            unique.push(s);
+        }
+    }
+    let duplicates = seen.len() - unique.len();
+    if delivery == Delivery::ExactlyOnce {
+        let dups: Vec<_> = first.iter().filter(|(_, n)| **n > 1).take(10).collect();
+        assert!(dups.is_empty(), "{duplicates} events seen more than once (of {}): {dups:?}", seen.len());
+    }
+    // Per object: its creates and updates, in the order written, then its delete.
+    let mut per_uid: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
+    for s in &unique {
+        per_uid.entry(&s.uid).or_default().push(s);
+    }
+    for (uid, rvs) in &written.changes {
+        let got: Vec<u64> =
+            per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb != "deleted").map(|s| s.rv).collect();
+        assert_eq!(&got, rvs, "object {uid}: every change written, in apiserver order");
+        let deletes = per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb == "deleted").count();
+        let deleted = written.deleted.contains(uid);
+        assert_eq!(deletes, usize::from(deleted), "object {uid}: deleted {deleted}, delete events {deletes}");
+        if deleted {
+            assert_eq!(per_uid[uid.as_str()].last().unwrap().verb, "deleted", "object {uid}: the delete comes last");
+        }
+    }
+    // Other objects (made before the load, e.g. to check a resumed process lists nothing
+    // again) must be in the apiserver's list: the view check below covers their content.
+    let strays: Vec<_> = unique
+        .iter()
+        .filter(|s| !written.changes.contains_key(&s.uid) && !now.contains_key(&s.name))
+        .map(|s| (&s.name, &s.verb))
+        .take(10)
+        .collect();
+    assert!(strays.is_empty(), "events of objects the load did not write and the apiserver does not list: {strays:?}");
+    // The view a consumer builds equals the apiserver's list (kept per uid: a name deleted and
+    // created again has two uids, whose events may sit in two partitions).
+    let mut last: HashMap<&str, &Seen> = HashMap::new();
+    for s in &unique {
+        last.insert(&s.uid, s);
+    }
+    let view: BTreeMap<String, u64> =
+        last.values().filter(|s| s.verb != "deleted").map(|s| (s.name.clone(), s.rv)).collect();
+    assert_eq!(&view, now, "the view rebuilt from the events is the apiserver's list");
+    Verdict { written: written.count(), seen: seen.len(), duplicates, events: seen.to_vec() }
+}
+
+/// The ConfigMaps of `api`'s namespace: name -> resourceVersion.
+pub async fn listed(api: &Api<ConfigMap>) -> BTreeMap<String, u64> {
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| (c.metadata.name.unwrap(), c.metadata.resource_version.unwrap().parse().unwrap()))
+        .collect()
+}
+
+/// A reader of the sink and a load on `api`'s ConfigMaps, running until [`Traffic::finish`].
+pub struct Traffic {
+    api: Api<ConfigMap>,
+    stop: Arc<AtomicBool>,
+    load_stop: Arc<AtomicBool>,
+    written: Arc<Mutex<Written>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    loader: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    /// `per_second` changes on `names` ConfigMaps, read back from `source`.
+    pub fn start(api: &Api<ConfigMap>, source: Source, names: usize, per_second: u64) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let load_stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(Mutex::new(Written::default()));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        reader(source, seen.clone(), stop.clone());
+        let loader = Some(tokio::spawn(load(api.clone(), names, per_second, written.clone(), load_stop.clone())));
+        Self { api: api.clone(), stop, load_stop, written, seen, loader }
+    }
+
+    /// Events read so far.
+    pub fn seen(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    /// A copy of the events read so far.
+    pub fn events(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Waits until at least `n` more events than now were read (or `timeout`); whether they were.
+    pub async fn flowing(&self, n: usize, timeout: Duration) -> bool {
+        let want = self.seen() + n;
+        let deadline = Instant::now() + timeout;
+        while self.seen() < want {
+            if Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        true
+    }
+
+    /// Stops the load, waits (up to `wait`) until the reader saw every change, then 3 s for
+    /// anything beyond them, and judges.
+    pub async fn finish(mut self, delivery: Delivery, wait: Duration) -> Verdict {
+        self.load_stop.store(true, Ordering::Relaxed);
+        self.loader.take().expect("the load").await.unwrap();
+        let want = self.written.lock().unwrap().count();
+        let deadline = Instant::now() + wait;
+        // Duplicates count towards `seen`: wait for the distinct ids.
+        let distinct = |seen: &Mutex<Vec<Seen>>| {
+            seen.lock().unwrap().iter().map(|s| s.id.as_str()).collect::<std::collections::HashSet<_>>().len()
+        };
+        while distinct(&self.seen) < want && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = listed(&self.api).await;
+        self.stop.store(true, Ordering::Relaxed);
+        let seen = self.seen.lock().unwrap().clone();
+        let written = std::mem::take(&mut *self.written.lock().unwrap());
+        judge(&seen, &written, &now, delivery)
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.load_stop.store(true, Ordering::Relaxed);
+    }
+}
