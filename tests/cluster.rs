@@ -1,0 +1,438 @@
+//! The chart's whole lifecycle on a real node (`tests/env/node`): the image built by
+//! `docker/build`, `helm install` / `upgrade`, `kubectl delete pod`, `kubectl drain` with the
+//! PodDisruptionBudget, an OOM kill; each under a steady ~50 changes/s read by an independent
+//! consumer (tests/kit `traffic`) that judges the result: nothing lost, per-object order,
+//! duplicates counted (at least once) or refused (exactly once). The pods' metrics, sampled
+//! every 100 ms, say who published when: never two at once, and how long each handover took.
+
+use kubecast_kit as common;
+
+use std::time::Duration;
+
+use common::node::{self, Publishers, Publishing, kubectl, kubectl_try, pods};
+use common::traffic::{Delivery, Source, Traffic, Verdict};
+use common::{TestNamespace, client};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::Api;
+use serde_json::{Value, json};
+
+/// Only one release on the node at a time: its two cores are the pods' too.
+static NODE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const WAIT: Duration = Duration::from_secs(120);
+const RATE: u64 = 50;
+/// Objects created before the install: listed once (origin = snapshot), never again, however
+/// often the active pod changes (the state is resumed from the broker).
+const STATIC: usize = 10;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Sink {
+    Kafka { exactly_once: bool },
+    Nats,
+}
+
+/// A release of the chart in a namespace of its own, watching ConfigMaps of another one (the
+/// load's), publishing to a topic (or stream) of its own.
+struct Release {
+    ns: TestNamespace,
+    load: TestNamespace,
+    topic: String,
+    sink: Sink,
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.expect("a blocking step")
+}
+
+/// `a` with `b`'s keys merged in, recursively (what helm does with several values files).
+fn merged(mut a: Value, b: &Value) -> Value {
+    if let (Some(a), Some(b)) = (a.as_object_mut(), b.as_object()) {
+        for (k, v) in b {
+            let cur = a.remove(k).unwrap_or(Value::Null);
+            a.insert(k.clone(), if cur.is_object() && v.is_object() { merged(cur, v) } else { v.clone() });
+        }
+        return Value::Object(a.clone());
+    }
+    b.clone()
+}
+
+impl Release {
+    async fn new(sink: Sink) -> Self {
+        node::require();
+        let client = client().await;
+        let ns = TestNamespace::new(&client, "rel").await;
+        let load = TestNamespace::new(&client, "load").await;
+        for i in 0..STATIC {
+            common::create_cm(&client, &load.name, &format!("static-{i}"), json!({}), json!({"v": "0"})).await;
+        }
+        let topic = common::unique("cluster");
+        Self { ns, load, topic, sink }
+    }
+
+    fn api(&self, client: &kube::Client) -> Api<ConfigMap> {
+        Api::namespaced(client.clone(), &self.load.name)
+    }
+
+    /// The values every install here starts from, then `extra`.
+    fn values(&self, extra: Value) -> Value {
+        let (repo, tag) = node::image();
+        let sink = match self.sink {
+            Sink::Kafka { exactly_once } => json!({
+                "type": "kafka",
+                "kafka": {"brokers": common::env_var("KAFKA_NODE_BROKERS"), "topic": self.topic,
+                          "mode": "structured", "exactly_once": exactly_once}
+            }),
+            Sink::Nats => json!({
+                "type": "nats",
+                "nats": {"url": common::env_var("NATS_NODE_URL"), "subject": format!("{}.{{namespace}}", self.topic),
+                         "create_stream": true, "stream": {"name": self.topic, "subjects": [format!("{}.>", self.topic)]}}
+            }),
+        };
+        let checkpoint = match self.sink {
+            Sink::Kafka { .. } => {
+                json!({"flush_interval_ms": 200, "kafka": {"topic": format!("{}-state", self.topic)}})
+            }
+            Sink::Nats => json!({"flush_interval_ms": 200, "nats": {"bucket": format!("{}-state", self.topic)}}),
+        };
+        merged(
+            json!({
+                "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+                "logFormat": "text",
+                "config": {
+                    "cluster": {"name": self.topic},
+                    "checkpoint": checkpoint,
+                    "sink": sink,
+                    "delivery": {"shutdown_timeout_seconds": 10},
+                    "resources": [{"api_version": "v1", "kind": "ConfigMap", "resource": "configmaps",
+                                   "namespaces": [self.load.name]}]
+                }
+            }),
+            &extra,
+        )
+    }
+
+    fn source(&self) -> Source {
+        match self.sink {
+            Sink::Kafka { exactly_once } => Source::Kafka {
+                brokers: common::env_var("KAFKA_BROKERS"),
+                topic: self.topic.clone(),
+                read_committed: exactly_once,
+            },
+            Sink::Nats => Source::Nats { url: common::env_var("NATS_URL"), stream: self.topic.clone() },
+        }
+    }
+
+    fn selector() -> &'static str {
+        "app.kubernetes.io/instance=kubecast"
+    }
+
+    /// `helm install` or `helm upgrade` with `values`, then `kubectl rollout status`.
+    async fn helm(&self, verb: &'static str, values: &Value) {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), serde_json::to_vec(values).unwrap()).unwrap();
+        let (ns, path) = (self.ns.name.clone(), file.path().to_owned());
+        blocking(move || {
+            let chart = common::repo_root().join("charts/kubecast");
+            node::helm(&[verb, "kubecast", chart.to_str().unwrap(), "-n", &ns, "-f", path.to_str().unwrap()]);
+            node::rollout(&ns, "kubecast");
+        })
+        .await;
+    }
+
+    /// Pods of the release that are not being deleted.
+    fn pods(&self) -> Vec<node::Pod> {
+        pods(&self.ns.name, Self::selector()).into_iter().filter(|p| !p.deleting).collect()
+    }
+
+    /// The pods whose `kubecast_leader` is 1.
+    fn leaders(&self) -> Vec<String> {
+        self.pods()
+            .into_iter()
+            .filter(|p| node::metrics(&p.ip).is_some_and(|m| node::sum(&m, "kubecast_leader") == 1.0))
+            .map(|p| p.name)
+            .collect()
+    }
+
+    /// Waits until exactly one pod leads; its name.
+    async fn one_leader(&self) -> String {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let l = self.leaders();
+            if l.len() == 1 {
+                return l[0].clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not exactly one leader after {WAIT:?}: {l:?}, pods {:?}",
+                self.pods()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Logs of every pod of the release (for a failure's message).
+    fn logs(&self) -> String {
+        let (_, out) = kubectl_try(&["-n", &self.ns.name, "logs", "-l", Self::selector(), "--tail=40", "--prefix"]);
+        out
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let _ = kubectl_try(&["delete", "namespace", &self.ns.name, "--wait=false"]);
+    }
+}
+
+/// Every static object listed once, never again (the state resumed, no snapshot).
+fn no_second_snapshot(events: &[common::traffic::Seen]) {
+    for i in 0..STATIC {
+        let name = format!("static-{i}");
+        let n =
+            events.iter().filter(|e| e.name == name).map(|e| e.id.as_str()).collect::<std::collections::HashSet<_>>();
+        assert_eq!(n.len(), 1, "{name} listed once (the state resumed from the broker, no second snapshot)");
+    }
+}
+
+/// Never two publishers longer than one sampling interval (a handover's boundary).
+fn one_publisher(p: &Publishing, what: &str) {
+    println!("{what}: publishers {:?}; handovers (old -> new, gap): {:?}", p.publishers, p.handovers);
+    assert!(
+        p.overlap_intervals <= 1,
+        "{what}: {:?} published at once for {} x 100 ms",
+        p.overlap_pods,
+        p.overlap_intervals
+    );
+}
+
+fn report(what: &str, v: &Verdict) {
+    println!("{what}: {} changes written, {} events read, {} duplicates", v.written, v.seen, v.duplicates);
+}
+
+/// Each pod mounts the ConfigMap its own template names, and that ConfigMap holds the config
+/// whose checksum the template carries: no pod runs a config its template did not carry.
+fn pods_run_their_own_config(r: &Release) {
+    let list: Value =
+        serde_json::from_str(&kubectl(&["-n", &r.ns.name, "get", "pods", "-l", Release::selector(), "-o", "json"]))
+            .unwrap();
+    for p in list["items"].as_array().unwrap() {
+        let name = p["metadata"]["name"].as_str().unwrap();
+        let want = p["metadata"]["annotations"]["checksum/config"].as_str().expect("checksum/config on the pod");
+        let cm = p["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "kubecast-config")
+            .and_then(|v| v["configMap"]["name"].as_str())
+            .expect("a config volume");
+        let (ok, data) =
+            kubectl_try(&["-n", &r.ns.name, "get", "configmap", cm, "-o", "jsonpath={.data.kubecast\\.toml}"]);
+        if !ok {
+            continue; // gone with its ReplicaSet: a pod of it cannot start any more
+        }
+        use sha2::Digest;
+        // The template's checksum is of the rendered config; the ConfigMap's block scalar adds
+        // one newline at its end.
+        let got = format!("{:x}", sha2::Sha256::digest(data.strip_suffix('\n').unwrap_or(&data).as_bytes()));
+        assert_eq!(got, want, "pod {name} mounts ConfigMap {cm}, whose content is not its template's");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_install_upgrade_delete_and_drain_lose_nothing() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: false }).await;
+    let client = client().await;
+    let ha = json!({"replicas": 2, "coordination": {"enabled": true}, "podDisruptionBudget": {"enabled": true}});
+    r.helm("install", &r.values(ha.clone())).await;
+    let first = r.one_leader().await;
+    println!("installed: {} pods Ready, {first} leads", r.pods().len());
+
+    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+
+    // helm upgrade with another config, under load.
+    let watch = Publishers::start(&r.ns.name, Release::selector());
+    let mut v2 = r.values(ha.clone());
+    v2["config"]["cluster"]["qps"] = json!(30);
+    r.helm("upgrade", &v2).await;
+    pods_run_their_own_config(&r);
+    let leader = r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the upgrade: {}", r.logs());
+    one_publisher(&watch.finish(), "helm upgrade");
+
+    // kubectl delete pod of the active one: the standby takes over.
+    let watch = Publishers::start(&r.ns.name, Release::selector());
+    let ns = r.ns.name.clone();
+    let gone = leader.clone();
+    blocking(move || kubectl(&["-n", &ns, "delete", "pod", &gone, "--wait=true"])).await;
+    let next = r.one_leader().await;
+    assert_ne!(next, leader, "another pod leads after the active one was deleted");
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the delete: {}", r.logs());
+    node::rollout(&r.ns.name, "kubecast");
+    one_publisher(&watch.finish(), "kubectl delete pod (clean stop)");
+
+    // kubectl drain with the PDB: one pod is evicted, the other stays (its replacement cannot
+    // be scheduled on the cordoned node), events keep flowing; uncordon brings the second back.
+    let watch = Publishers::start(&r.ns.name, Release::selector());
+    let node_name = common::env_var("KUBECAST_NODE");
+    let n = node_name.clone();
+    let (drained, out) = blocking(move || {
+        let selector = format!("--pod-selector={}", Release::selector());
+        kubectl_try(&["drain", &n, "--ignore-daemonsets", "--delete-emptydir-data", &selector, "--timeout=25s"])
+    })
+    .await;
+    let running: Vec<_> = r.pods().into_iter().filter(|p| p.ready).collect();
+    println!(
+        "drain: finished = {drained}; pods still Ready: {:?}",
+        running.iter().map(|p| &p.name).collect::<Vec<_>>()
+    );
+    assert!(!drained, "the PDB (minAvailable 1) keeps the drain from evicting the last pod: {out}");
+    assert_eq!(running.len(), 1, "one pod is left running by the drain");
+    r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow during the drain: {}", r.logs());
+    kubectl(&["uncordon", &node_name]);
+    node::rollout(&r.ns.name, "kubecast");
+    one_publisher(&watch.finish(), "kubectl drain");
+
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("install, upgrade, delete, drain", &verdict);
+    no_second_snapshot(&verdict.events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_install_and_a_deleted_pod_lose_nothing() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Nats).await;
+    let client = client().await;
+    r.helm("install", &r.values(json!({}))).await;
+    r.one_leader().await;
+    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+    // One replica: the Deployment's replacement resumes from the NATS key-value state.
+    let pod = r.pods().remove(0).name;
+    let ns = r.ns.name.clone();
+    blocking(move || kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=true"])).await;
+    node::rollout(&r.ns.name, "kubecast");
+    r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("NATS install and delete pod", &verdict);
+    no_second_snapshot(&verdict.events);
+}
+
+/// Sidecar mode: the chart's PodTemplate's container and volumes added to a Deployment of 3
+/// replicas of another workload; one of the three kubecasts is active.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sidecar_in_three_replicas_one_active() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: false }).await;
+    let client = client().await;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        serde_json::to_vec(&r.values(json!({"mode": "sidecar", "coordination": {"enabled": true}}))).unwrap(),
+    )
+    .unwrap();
+    let chart = common::repo_root().join("charts/kubecast");
+    node::helm(&[
+        "install",
+        "kubecast",
+        chart.to_str().unwrap(),
+        "-n",
+        &r.ns.name,
+        "-f",
+        file.path().to_str().unwrap(),
+    ]);
+    let tpl: Value =
+        serde_json::from_str(&kubectl(&["-n", &r.ns.name, "get", "podtemplate", "kubecast-sidecar", "-o", "json"]))
+            .unwrap();
+    let spec = &tpl["template"]["spec"];
+    let mut containers = spec["containers"].as_array().unwrap().clone();
+    containers.push(
+        json!({"name": "app", "image": common::env_var("KUBECAST_NODE_IMAGE_PAUSE"), "imagePullPolicy": "Never"}),
+    );
+    let host = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "host", "namespace": r.ns.name},
+        "spec": {
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": "host"}},
+            "template": {
+                "metadata": {"labels": {"app": "host", "app.kubernetes.io/instance": "kubecast"},
+                             "annotations": tpl["template"]["metadata"]["annotations"].clone()},
+                "spec": {"serviceAccountName": spec["serviceAccountName"], "containers": containers,
+                         "volumes": spec["volumes"], "securityContext": spec["securityContext"]}
+            }
+        }
+    });
+    let manifest = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(manifest.path(), serde_json::to_vec(&host).unwrap()).unwrap();
+    kubectl(&["apply", "-f", manifest.path().to_str().unwrap()]);
+    let ns = r.ns.name.clone();
+    blocking(move || node::rollout(&ns, "host")).await;
+    assert_eq!(r.pods().len(), 3, "three host pods, each with a kubecast sidecar");
+    let leader = r.one_leader().await;
+    println!("sidecar: 3 replicas Ready, {leader} leads");
+
+    let watch = Publishers::start(&r.ns.name, Release::selector());
+    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    assert!(traffic.flowing(100, WAIT).await, "events flow from the sidecars: {}", r.logs());
+    let p = watch.finish();
+    one_publisher(&p, "sidecar, 3 replicas");
+    assert_eq!(p.publishers, vec![leader.clone()], "only the leader publishes");
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("sidecar", &verdict);
+}
+
+/// From 1 replica without coordination to 2 with it, with another config, under load: the old
+/// pod (no Lease) must be gone before any new pod publishes, and no pod of the old ReplicaSet
+/// may run the new config.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_replica_to_two_with_the_lease_never_two_publishers() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: false }).await;
+    let client = client().await;
+    r.helm("install", &r.values(json!({}))).await;
+    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+
+    let watch = Publishers::start(&r.ns.name, Release::selector());
+    let mut v2 = r.values(json!({"replicas": 2, "coordination": {"enabled": true}}));
+    v2["config"]["cluster"]["qps"] = json!(25);
+    r.helm("upgrade", &v2).await;
+    pods_run_their_own_config(&r);
+    r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the upgrade: {}", r.logs());
+    one_publisher(&watch.finish(), "1 replica -> 2 with the Lease");
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("1 -> 2 replicas", &verdict);
+    no_second_snapshot(&verdict.events);
+}
+
+/// Exactly once: a rolling upgrade and a deleted active pod leave a read_committed consumer
+/// with every change exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_through_a_rolling_upgrade_and_a_deleted_active_pod() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: true }).await;
+    let client = client().await;
+    let ha = json!({"replicas": 2, "coordination": {"enabled": true}, "podDisruptionBudget": {"enabled": true}});
+    r.helm("install", &r.values(ha.clone())).await;
+    r.one_leader().await;
+    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+
+    let mut v2 = r.values(ha);
+    v2["config"]["cluster"]["qps"] = json!(30);
+    r.helm("upgrade", &v2).await;
+    let leader = r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the upgrade: {}", r.logs());
+
+    let ns = r.ns.name.clone();
+    blocking(move || kubectl(&["-n", &ns, "delete", "pod", &leader, "--wait=true"])).await;
+    r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the delete: {}", r.logs());
+    let verdict = traffic.finish(Delivery::ExactlyOnce, WAIT).await;
+    report("exactly once: upgrade and delete", &verdict);
+    no_second_snapshot(&verdict.events);
+}
