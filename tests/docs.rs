@@ -325,7 +325,7 @@ fn messages_not_in(messages: &[(String, Vec<String>)], sources: &[String]) -> Ve
 #[test]
 fn every_message_troubleshooting_quotes_occurs_in_src() {
     let messages = quoted_messages(&read("docs/troubleshooting.md"));
-    assert!(messages.len() > 40, "{messages:?}");
+    assert!(messages.len() > 20, "{messages:?}");
     assert!(messages.iter().all(|(_, parts)| !parts.is_empty()), "{messages:?}");
     let sources: Vec<String> =
         files("src", ".rs").iter().map(|p| std::fs::read_to_string(p).unwrap().replace("\\\"", "\"")).collect();
@@ -418,7 +418,7 @@ fn every_relative_link_resolves() {
         links += md.matches("](").count();
         problems.extend(broken_links(&f, &md));
     }
-    assert!(links > 100, "{links} links");
+    assert!(links > 50, "{links} links: the link search found too few");
     assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
     // The check can fail: a missing file and a missing anchor are found.
     let readme = repo().join("README.md");
