@@ -12,7 +12,7 @@
 //! each holds per object: the bytes asked of the allocator (a counting global allocator over
 //! the system's), so without the allocator's own rounding and overhead. Also the `UidSet` a
 //! relist collects, and the time to build, look up every uid and remove half. Figures are
-//! printed, never asserted. See docs/benchmarks.md.
+//! printed, never asserted. See docs/performance.md.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -30,7 +30,7 @@
 //! `app.kubernetes.io/managed-by=kubecast-bench`) are emptied at the next start.
 //! With `KUBECAST_COMPACTING_ENV_FILE` set, that apiserver is used as it is (not started).
 //! The process harness, the client and the namespace come from the test kit (`tests/kit`).
-//! See docs/benchmarks.md.
+//! See docs/performance.md.
 
 use std::collections::BTreeMap;
 use std::fs;

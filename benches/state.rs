@@ -22,7 +22,7 @@
 //!    leader, and the new leader's state load time (its log).
 //!
 //! Figures are printed, never asserted. Servers: `tests/env/up` (started if needed and left
-//! running; with `KUBECAST_ENV_FILE` set, that environment as it is). See docs/benchmarks.md.
+//! running; with `KUBECAST_ENV_FILE` set, that environment as it is). See docs/performance.md.
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,5 @@
 //! The per-event CPU cost of kubecast's delivery path without a broker, for deterministic
-//! instruction counts (see docs/benchmarks.md):
+//! instruction counts (see docs/performance.md, "Reproducing"):
 //!
 //!     cargo build --release --example path_cost
 //!     valgrind --tool=callgrind target/release/examples/path_cost 2000 none

@@ -5,7 +5,7 @@
 //! freed a moment before. At thousands of events per second the event buffers (~10 KB each
 //! for Pods) are freed and allocated again all the time, so with a 1 s epoch about half of
 //! them landed on decommitted pages and faulted them in again: ~1.4 page faults and ~10 µs of
-//! CPU per event in the NATS benchmark (`docs/benchmarks.md`). kubecast sets a 10 s epoch:
+//! CPU per event in the NATS benchmark (`docs/performance.md`). kubecast sets a 10 s epoch:
 //! memory freed after a burst still goes back to the system, within 10 s.
 //!
 //! The standard `MIMALLOC_PURGE_DELAY` variable (milliseconds; -1 = never) overrides it.

@@ -32,7 +32,7 @@ pub enum Command {
         #[arg(long, short, env = "KUBECAST_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// See, reset, export and import the stored state of the streams (see the README).
+    /// See, reset, export and import the stored state of the streams (see docs/operations.md).
     State {
         /// TOML config file (the store, the cluster, the Lease); without it the defaults.
         #[arg(long, short, env = "KUBECAST_CONFIG", global = true)]

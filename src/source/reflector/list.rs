@@ -260,7 +260,7 @@ impl Reflector {
 /// segments; a streaming list: every `page_size` objects) back to the system at once. kubecast's allocator keeps freed memory for its
 /// 10 s purge epoch (`app/allocator.rs`, chosen for the CPU cost of faulting pages in again
 /// at high event rates); a 100k-object relist of 200 pages would hold its pages' memory for
-/// the whole list (a peak of ~2.5x the resumed RSS, `docs/benchmarks.md`, session 10).
+/// the whole list (a peak of ~2.5x the resumed RSS without this, 1.79x with it: `docs/performance.md`).
 /// Once per page: a fraction of a millisecond against the page's own request.
 fn release_freed_memory() {
     // SAFETY: mi_collect may be called from any thread at any time; with the system

@@ -1,0 +1,526 @@
+//! The documentation cannot drift from the code:
+//!
+//! - `docs/configuration.md` has a section per table of the config and in it exactly the keys
+//!   kubecast accepts (asked of the config structs themselves: the unknown-key error of a probe
+//!   lists the keys serde expects), and every key of `config/kubecast.toml`, set or commented
+//!   out;
+//! - `docs/operations.md` lists exactly the metrics a running kubecast serves (Kafka sink,
+//!   `[coordination]` on, against the test apiserver and Kafka), and a runbook per alert of the
+//!   chart's PrometheusRule;
+//! - every error message quoted in `docs/troubleshooting.md` occurs in `src/`;
+//! - every relative link of the README, `docs/`, the chart README and the other READMEs users
+//!   read resolves, anchors included;
+//! - every value of `charts/kubecast/values.yaml` is in the chart README's table;
+//! - none of them speaks of the development process.
+
+use kubecast_kit as common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{Kubecast, TestNamespace, client, create_cm};
+use figment::Figment;
+use figment::error::Kind;
+use figment::providers::{Format, Toml};
+use kubecast::config::Config;
+use serde_json::json;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Files under `dir` (relative to the repository) whose name ends in `ext`, recursively.
+fn files(dir: &str, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![repo().join(dir)];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.to_string_lossy().ends_with(ext) {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The Markdown files users read.
+fn user_docs() -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> =
+        ["README.md", "charts/kubecast/README.md", "benches/README.md"].iter().map(|f| repo().join(f)).collect();
+    out.extend(files("docs", ".md"));
+    out.extend(files("examples", ".md"));
+    out
+}
+
+fn rel(p: &Path) -> String {
+    p.strip_prefix(repo()).unwrap_or(p).display().to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration keys
+
+/// `docs/configuration.md`: table -> keys, from `` ## `[a.b]` `` headings and `` | `key` | ``
+/// rows (`[[resources]]` is the table `resources`).
+fn documented_keys(md: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut table: Option<String> = None;
+    for line in md.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            table = h
+                .trim()
+                .strip_prefix("`[")
+                .and_then(|h| h.strip_suffix("]`"))
+                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+            if let Some(t) = &table {
+                out.entry(t.clone()).or_default();
+            }
+        } else if let (Some(t), Some(row)) = (&table, line.strip_prefix("| `")) {
+            let key = &row[..row.find('`').expect("a closed code span")];
+            out.get_mut(t).unwrap().insert(key.to_string());
+        }
+    }
+    out
+}
+
+/// The keys serde accepts in the config table at `path` ("" = the top level), read from the
+/// unknown-key error of a probe key; `None` when that path is no table of named keys (a
+/// scalar, an enum, a free-form map such as `properties`).
+fn struct_keys(path: &str) -> Option<BTreeSet<String>> {
+    let toml = match path {
+        "" => "zz_probe = \"x\"\n".to_string(),
+        "resources" => "[[resources]]\nzz_probe = \"x\"\n".to_string(),
+        p => format!("[{p}]\nzz_probe = \"x\"\n"),
+    };
+    let err = Figment::from(Toml::string(&toml)).extract::<Config>().err()?;
+    err.into_iter().find_map(|e| match e.kind {
+        Kind::UnknownField(f, expected) if f == "zz_probe" => Some(expected.iter().map(|s| s.to_string()).collect()),
+        _ => None,
+    })
+}
+
+/// Every table of the config structs and its keys, found from the top level down.
+fn config_tables() -> BTreeMap<String, BTreeSet<String>> {
+    let mut out = BTreeMap::new();
+    let mut todo: Vec<String> = struct_keys("").expect("the top level is a table").into_iter().collect();
+    while let Some(t) = todo.pop() {
+        if let Some(keys) = struct_keys(&t) {
+            todo.extend(keys.iter().map(|k| format!("{t}.{k}")));
+            out.insert(t, keys);
+        }
+    }
+    out
+}
+
+/// Both ways: a section per table with exactly the keys kubecast accepts.
+fn config_problems(documented: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let tables = config_tables();
+    let mut out = Vec::new();
+    for (t, keys) in &tables {
+        let Some(doc) = documented.get(t) else {
+            out.push(format!("no section `[{t}]` in docs/configuration.md (its keys: {keys:?})"));
+            continue;
+        };
+        out.extend(keys.difference(doc).map(|k| format!("[{t}] {k}: kubecast accepts it, the docs do not list it")));
+        out.extend(doc.difference(keys).map(|k| format!("[{t}] {k}: documented, but kubecast does not accept it")));
+    }
+    out.extend(
+        documented
+            .keys()
+            .filter(|t| !tables.contains_key(*t))
+            .map(|t| format!("section `[{t}]` of docs/configuration.md is no table of kubecast's config")),
+    );
+    out
+}
+
+#[test]
+fn configuration_md_documents_exactly_the_keys_kubecast_accepts() {
+    // The probe reads the structs: it knows real keys and no made-up ones.
+    let cluster = struct_keys("cluster").unwrap();
+    assert!(cluster.contains("qps") && !cluster.contains("nme"), "{cluster:?}");
+    assert!(struct_keys("sink.nats.stream").unwrap().contains("duplicate_window_seconds"));
+    assert_eq!(struct_keys("sink.kafka.properties"), None, "a free-form map has no fixed keys");
+
+    let documented = documented_keys(&read("docs/configuration.md"));
+    let problems = config_problems(&documented);
+    assert!(problems.is_empty(), "docs/configuration.md:\n{}", problems.join("\n"));
+
+    // The comparison can fail: a key too many or too few is found.
+    let mut broken = documented.clone();
+    broken.get_mut("delivery").unwrap().insert("duplicate_window".into());
+    broken.get_mut("cluster").unwrap().remove("qps");
+    assert_eq!(config_problems(&broken).len(), 2, "{:?}", config_problems(&broken));
+}
+
+/// `config/kubecast.toml`: `(table, key)` of every key, set or commented out (`# key = ...`,
+/// `# # key = ...` under `# [table]`), except in the free-form `properties` tables.
+fn example_keys(text: &str) -> Vec<(String, String)> {
+    let mut table = String::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let code = line.trim_start_matches(['#', ' ']);
+        let code = code.split(" #").next().unwrap().trim_end();
+        if let Some(inner) = code.strip_prefix('[').and_then(|c| c.strip_suffix(']')) {
+            let name = inner.trim_start_matches('[').trim_end_matches(']');
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c == '_' || c == '.') {
+                table = name.to_string();
+                continue;
+            }
+        }
+        if table.ends_with(".properties") {
+            continue;
+        }
+        if let Some((key, _)) = code.split_once('=') {
+            let key = key.trim();
+            if !key.is_empty() && key.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                out.push((table.clone(), key.to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_key_of_the_example_config_is_documented() {
+    let documented = documented_keys(&read("docs/configuration.md"));
+    let keys = example_keys(&read("config/kubecast.toml"));
+    // Commented-out keys are found too (the example has about 90).
+    assert!(keys.len() > 80, "{keys:?}");
+    assert!(keys.contains(&("sink.nats.stream".into(), "duplicate_window_seconds".into())), "{keys:?}");
+    assert!(keys.contains(&("checkpoint.kafka".into(), "transactional_id".into())), "{keys:?}");
+    let missing: Vec<_> = keys.iter().filter(|(t, k)| !documented.get(t).is_some_and(|d| d.contains(k))).collect();
+    assert!(missing.is_empty(), "keys of config/kubecast.toml not in docs/configuration.md: {missing:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metrics and alerts
+
+/// The metric names of `docs/operations.md`'s "Metrics" table (first column).
+fn documented_metrics(md: &str) -> BTreeSet<String> {
+    let start = md.find("\n## Metrics\n").expect("a Metrics section");
+    let section = &md[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let mut out = BTreeSet::new();
+    for row in section.lines().filter(|l| l.starts_with("| `kubecast_")) {
+        let first = row[1..].split('|').next().unwrap();
+        out.extend(first.split('`').skip(1).step_by(2).map(str::to_string));
+    }
+    out
+}
+
+/// The metric names a `/metrics` body serves, as users query them: counters with `_total`
+/// (the OpenMetrics `# TYPE` line names the family without it), histograms by their base name.
+fn served_metrics(body: &str) -> BTreeSet<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| {
+            let (name, kind) = l.split_once(' ').expect("# TYPE name kind");
+            if kind == "counter" && !name.ends_with("_total") { format!("{name}_total") } else { name.to_string() }
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn operations_md_documents_exactly_the_metrics_kubecast_serves() {
+    let documented = documented_metrics(&read("docs/operations.md"));
+    assert!(documented.contains("kubecast_leader") && documented.contains("kubecast_publish_latency_seconds"));
+
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "docs").await;
+    let config = common::lease_cm_config(&ns.name, &common::unique("lease"));
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{}\"\n",
+        common::env_var("KAFKA_BROKERS"),
+        common::unique("docs")
+    );
+    // The state in Kafka too: a family shows once it has a sample, and the transactions of the
+    // Kafka store are the only path of `kubecast_kafka_transactions_total`.
+    let checkpoint = format!("store = \"kafka\"\n[checkpoint.kafka]\ntopic = \"{}\"\n", common::unique("docs-state"));
+    let mut kc = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    kc.wait_log("holding the lease", 1).await;
+    kc.wait_log("list complete", 1).await;
+    create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;
+
+    // Scrape once the event went through the whole path (published to Kafka, its position
+    // committed to the state topic), bounded.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let (status, body) = kc.admin_get("/metrics").await;
+        assert_eq!(status, 200, "{body}");
+        let published = body.lines().any(|l| {
+            l.starts_with("kubecast_events_published_total{") && l.contains("kind=\"ConfigMap\"") && !l.ends_with(" 0")
+        });
+        let committed = body.lines().any(|l| l.starts_with("kubecast_kafka_transactions_total{outcome=\"committed\"}"));
+        if published && committed {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no event published and committed within 60 s:\n{body}\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(kc.stop().success(), "{}", kc.log());
+
+    let served = served_metrics(&body);
+    assert!(
+        served.contains("kubecast_events_published_total") && served.contains("kubecast_publish_latency_seconds"),
+        "the exposition was not read as expected: {served:?}\n{body}"
+    );
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    let made_up: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        undocumented.is_empty() && made_up.is_empty(),
+        "served by kubecast, not in docs/operations.md: {undocumented:?}\nin docs/operations.md, not served: {made_up:?}"
+    );
+}
+
+#[test]
+fn operations_md_has_a_runbook_per_alert() {
+    let rule = read("charts/kubecast/templates/prometheusrule.yaml");
+    let alerts: BTreeSet<String> =
+        rule.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).map(|a| a.trim().to_string()).collect();
+    assert!(alerts.len() >= 6 && alerts.contains("KubecastStreamStalled"), "{alerts:?}");
+    let ops = read("docs/operations.md");
+    let runbooks: BTreeSet<String> =
+        ops.lines().filter_map(|l| l.strip_prefix("### Kubecast")).map(|a| format!("Kubecast{}", a.trim())).collect();
+    let missing: Vec<_> = alerts.difference(&runbooks).collect();
+    let stale: Vec<_> = runbooks.difference(&alerts).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "alerts without a runbook: {missing:?}; runbooks of no alert: {stale:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Error messages
+
+/// The messages `docs/troubleshooting.md` quotes: the code span of each `###` heading, split
+/// into its fixed parts at each `…`.
+fn quoted_messages(md: &str) -> Vec<(String, Vec<String>)> {
+    md.lines()
+        .filter_map(|l| l.strip_prefix("### "))
+        .map(|h| {
+            let quote = h.trim().trim_matches('`').trim().to_string();
+            let parts = quote.split('…').map(str::trim).filter(|p| !p.is_empty()).map(str::to_string).collect();
+            (quote, parts)
+        })
+        .collect()
+}
+
+/// Messages none of whose source files holds all their fixed parts (string escapes undone).
+fn messages_not_in(messages: &[(String, Vec<String>)], sources: &[String]) -> Vec<String> {
+    messages
+        .iter()
+        .filter(|(_, parts)| !sources.iter().any(|s| parts.iter().all(|p| s.contains(p.as_str()))))
+        .map(|(q, _)| q.clone())
+        .collect()
+}
+
+#[test]
+fn every_message_troubleshooting_quotes_occurs_in_src() {
+    let messages = quoted_messages(&read("docs/troubleshooting.md"));
+    assert!(messages.len() > 20, "{messages:?}");
+    assert!(messages.iter().all(|(_, parts)| !parts.is_empty()), "{messages:?}");
+    let sources: Vec<String> =
+        files("src", ".rs").iter().map(|p| std::fs::read_to_string(p).unwrap().replace("\\\"", "\"")).collect();
+    let missing = messages_not_in(&messages, &sources);
+    assert!(missing.is_empty(), "quoted in docs/troubleshooting.md, not found in src/: {missing:#?}");
+    // The search can fail: a message with a changed word is not found.
+    let changed = vec![("checkpoint … is broken".to_string(), vec!["checkpoint".into(), "is broken".into()])];
+    assert_eq!(messages_not_in(&changed, &sources).len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Links
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces to `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(md: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut fenced = false;
+    for line in md.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            let s = slug(line.trim_start_matches('#'));
+            let mut candidate = s.clone();
+            let mut n = 0;
+            while out.contains(&candidate) {
+                n += 1;
+                candidate = format!("{s}-{n}");
+            }
+            out.insert(candidate);
+        }
+    }
+    out
+}
+
+/// The relative links of `md` (a file at `path`) that do not resolve: a missing file, or an
+/// anchor no heading of the target has. Links inside fenced code are not links.
+fn broken_links(path: &Path, md: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in md.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            rest = &rest[end..];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let resolved = if file.is_empty() { path.to_path_buf() } else { path.parent().unwrap().join(file) };
+            if !resolved.exists() {
+                out.push(format!("{}: {target}: no file {}", rel(path), rel(&resolved)));
+            } else if !anchor.is_empty() {
+                let text = std::fs::read_to_string(&resolved).unwrap_or_default();
+                if !anchors(&text).contains(anchor) {
+                    out.push(format!("{}: {target}: no heading #{anchor} in {}", rel(path), rel(&resolved)));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_resolves() {
+    assert_eq!(slug("`[delivery.dead_letter]`"), "deliverydead_letter");
+    assert_eq!(slug("The stored state: `kubecast state`"), "the-stored-state-kubecast-state");
+    let mut problems = Vec::new();
+    let mut links = 0;
+    for f in user_docs() {
+        let md = std::fs::read_to_string(&f).unwrap();
+        links += md.matches("](").count();
+        problems.extend(broken_links(&f, &md));
+    }
+    assert!(links > 50, "{links} links: the link search found too few");
+    assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+    // The check can fail: a missing file and a missing anchor are found.
+    let readme = repo().join("README.md");
+    let bad = "[a](docs/nothing.md) [b](docs/guarantees.md#nothing-here) [c](docs/guarantees.md#at-a-glance)";
+    assert_eq!(broken_links(&readme, bad).len(), 2, "{:?}", broken_links(&readme, bad));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chart values
+
+/// The dotted paths of the leaves of a block-style YAML map: keys with a value on their line,
+/// or with nothing nested under them but list items (a list is the value of its key).
+fn yaml_leaves(yaml: &str) -> Vec<String> {
+    let mut entries: Vec<(usize, String, bool)> = Vec::new(); // indent, path, value on the line
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut list_indent: Option<usize> = None;
+    for line in yaml.lines() {
+        let body = line.trim_start();
+        if body.is_empty() || body.starts_with('#') {
+            continue;
+        }
+        let indent = line.len() - body.len();
+        if list_indent.is_some_and(|i| indent >= i) {
+            continue;
+        }
+        list_indent = None;
+        if body.starts_with("- ") || body == "-" {
+            list_indent = Some(indent);
+            continue;
+        }
+        let Some((key, value)) = body.split_once(':') else { continue };
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        stack.push((indent, key.trim().to_string()));
+        let path = stack.iter().map(|(_, k)| k.as_str()).collect::<Vec<_>>().join(".");
+        entries.push((indent, path, !value.split(" #").next().unwrap().trim().is_empty()));
+    }
+    entries
+        .iter()
+        .enumerate()
+        .filter(|(n, (indent, _, inline))| *inline || entries.get(n + 1).is_none_or(|(next, _, _)| next <= indent))
+        .map(|(_, (_, path, _))| path.clone())
+        .collect()
+}
+
+#[test]
+fn every_chart_value_is_in_the_chart_readme() {
+    let leaves = yaml_leaves(&read("charts/kubecast/values.yaml"));
+    for want in ["mode", "config.cluster.name", "config.resources", "persistence.accessModes", "sidecar.podTemplate"] {
+        assert!(leaves.iter().any(|l| l == want), "{want} not found in values.yaml: {leaves:?}");
+    }
+    let readme = read("charts/kubecast/README.md");
+    let rows: BTreeSet<String> =
+        readme.lines().filter_map(|l| l.strip_prefix("| `")).map(|r| r[..r.find('`').unwrap()].to_string()).collect();
+    let documented = |path: &str| {
+        let mut p = path;
+        loop {
+            if rows.contains(p) {
+                return true;
+            }
+            match p.rfind('.') {
+                Some(i) => p = &p[..i],
+                None => return false,
+            }
+        }
+    };
+    let missing: Vec<_> = leaves.iter().filter(|l| !documented(l)).collect();
+    assert!(missing.is_empty(), "values of charts/kubecast/values.yaml without a row in the chart README: {missing:?}");
+    assert!(!documented("metrics.made_up"), "the check can fail");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Words for users
+
+/// Lines of `text` that speak of the development process: sessions and helpers (not a
+/// producer's or TLS session), issue numbers (`#20`), branches.
+fn process_words(text: &str) -> Vec<String> {
+    let words = |l: &str| -> Vec<String> {
+        l.split(|c: char| !c.is_alphanumeric() && c != '#').map(str::to_lowercase).filter(|w| !w.is_empty()).collect()
+    };
+    text.lines()
+        .filter(|l| {
+            let lower = l.to_lowercase().replace("producer session", "").replace("tls session", "");
+            words(&lower).iter().any(|w| {
+                matches!(w.as_str(), "session" | "sessions" | "helper" | "helpers" | "branch" | "branches")
+                    || (w.len() > 1 && w.starts_with('#') && w[1..].chars().all(|c| c.is_ascii_digit()))
+            })
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn user_docs_do_not_speak_of_the_development_process() {
+    assert_eq!(process_words("figures of session 10 (#19)\nthe producer session\n").len(), 1);
+    assert_eq!(process_words("see issue #20\nbranch h-memory\n").len(), 2);
+    let mut found = Vec::new();
+    for f in user_docs() {
+        found.extend(
+            process_words(&std::fs::read_to_string(&f).unwrap()).into_iter().map(|l| format!("{}: {l}", rel(&f))),
+        );
+    }
+    assert!(found.is_empty(), "words of the development process in user docs:\n{}", found.join("\n"));
+}
