@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use common::{Kubecast, TestNamespace};
 use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -178,12 +179,44 @@ fn one<'a>(objs: &'a [Value], kind: &str) -> &'a Value {
     v[0]
 }
 
-/// The kubecast.toml of the config ConfigMap (the dashboard's ConfigMap, when rendered, is another).
+/// The kubecast.toml of the config ConfigMap.
 fn config_toml(objs: &[Value]) -> String {
+    config_map(objs)["data"]["kubecast.toml"].as_str().unwrap().to_string()
+}
+
+/// The config ConfigMap (the dashboard's ConfigMap, when rendered, is another): named
+/// `k-kubecast-config-` + the first 10 hex digits of the sha256 of its kubecast.toml (as
+/// stored, what `sha256sum` of the mounted file says), and immutable.
+fn config_map(objs: &[Value]) -> &Value {
     let v: Vec<_> =
         objs.iter().filter(|o| o["kind"] == "ConfigMap" && o["data"]["kubecast.toml"].is_string()).collect();
     assert_eq!(v.len(), 1, "expected one ConfigMap with kubecast.toml, got {}", v.len());
-    v[0]["data"]["kubecast.toml"].as_str().unwrap().to_string()
+    let cm = v[0];
+    assert_eq!(cm["immutable"], true, "the config ConfigMap must be immutable: {cm}");
+    let name = cm["metadata"]["name"].as_str().unwrap();
+    let toml = cm["data"]["kubecast.toml"].as_str().unwrap();
+    let digest = hex(&Sha256::digest(toml.as_bytes()));
+    let fullname = name.split("-config-").next().unwrap();
+    assert_eq!(name, format!("{fullname}-config-{}", &digest[..10]), "named after its content");
+    cm
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The NOTES helm prints after an install (`helm install --dry-run=client`, release `k` in
+/// `kc`) of a ci values file plus `--set`s.
+fn notes(values: &str, sets: &[&str]) -> String {
+    let file = ci_values(values);
+    let chart = chart();
+    let mut args = vec!["install", "k", &chart, "--namespace", "kc", "--dry-run=client", "-f", &file];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = ok(helm(&args), &format!("helm install --dry-run -f {values} {sets:?}"));
+    let at = out.find("NOTES:\n").unwrap_or_else(|| panic!("no NOTES in\n{out}"));
+    out[at..].to_string()
 }
 
 /// (kind, namespace) of each Role / ClusterRole -> its rules as (group, resource, verbs).
@@ -381,7 +414,7 @@ fn minimal_values_render_one_restricted_replica_and_a_read_only_cluster_role() {
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
     assert_eq!(c["image"], "kubecast/kubecast:0.1.0", "default tag: the appVersion");
     assert!(volume(spec, "kubecast-state")["emptyDir"].is_object(), "emptyDir by default");
-    assert_eq!(volume(spec, "kubecast-config")["configMap"]["name"], "k-kubecast");
+    assert_eq!(volume(spec, "kubecast-config")["configMap"]["name"], config_map(&objs)["metadata"]["name"]);
     let annotations = &deploy["spec"]["template"]["metadata"]["annotations"];
     assert!(annotations["checksum/config"].is_string());
     assert!(annotations["prometheus.io/scrape"].is_null(), "metrics annotations are off by default");
@@ -719,6 +752,152 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     );
 }
 
+/// NOTES warn about an emptyDir only when the positions are there (file store, no persistence),
+/// and about blocked node drains only when the PodDisruptionBudget allows no eviction
+/// (replicas <= minAvailable).
+#[test]
+fn the_notes_say_only_what_holds_for_the_rendered_values() {
+    let empty_dir = "WARNING: stream positions are kept in an emptyDir";
+    let drains = "blocks node drains";
+    // The Kafka store (store "auto" with a Kafka sink), 2 replicas and a PDB.
+    let n = notes("ha", &[]);
+    assert!(!n.contains("emptyDir"), "the Kafka store needs no volume:\n{n}");
+    assert!(!n.contains(drains), "2 replicas, minAvailable 1: a drain evicts one pod:\n{n}");
+    // The file store without persistence: the warning; no PDB: no drain note.
+    let n = notes("minimal", &[]);
+    assert!(n.contains(empty_dir), "{n}");
+    assert!(!n.contains(drains), "{n}");
+    // One replica with a PDB (and the file store on a claim: no warning).
+    let n = notes("pvc", &[]);
+    assert!(n.contains(drains) && n.contains("with 1 replica blocks"), "{n}");
+    assert!(!n.contains("emptyDir"), "{n}");
+    // One replica with a PDB and the Kafka store.
+    let n = notes("ha", &["replicas=1"]);
+    assert!(n.contains(drains), "{n}");
+    assert!(!n.contains("emptyDir"), "{n}");
+    // minAvailable as a percentage of 2 replicas: 50% lets one go, 100% none.
+    assert!(!notes("ha", &["podDisruptionBudget.minAvailable=50%"]).contains(drains));
+    let n = notes("ha", &["podDisruptionBudget.minAvailable=100%"]);
+    assert!(n.contains(drains) && n.contains("with 2 replicas blocks"), "{n}");
+    assert!(notes("ha", &["podDisruptionBudget.minAvailable=2"]).contains(drains));
+    // The NATS store (JetStream sink), and NATS without JetStream (the file store).
+    assert!(!notes("nats-creds", &[]).contains("emptyDir"));
+    assert!(notes("nats-creds", &["config.sink.nats.jetstream=false"]).contains(empty_dir));
+    // The file store chosen explicitly with a Kafka sink.
+    assert!(
+        notes("ha", &["config.checkpoint.store=file", "replicas=1", "coordination.enabled=false"]).contains(empty_dir)
+    );
+    // config.raw: its own [checkpoint] store (kubecast's default: file).
+    let raw = "[cluster]\nname = \"raw\"\n[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[[resources]]\napi_version = \"apps/v1\"\nkind = \"Deployment\"\n";
+    assert!(notes("minimal", &[&format!("config.raw={raw}")]).contains(empty_dir));
+    let kafka = format!("{raw}[checkpoint]\nstore = \"kafka\"\n");
+    assert!(!notes("minimal", &[&format!("config.raw={kafka}")]).contains("emptyDir"));
+    // Sidecar mode renders no PDB: no drain note.
+    assert!(!notes("sidecar", &["podDisruptionBudget.enabled=true"]).contains(drains));
+}
+
+/// The config ConfigMap is named after its content and immutable, and the pod template (the
+/// Deployment's and the sidecar PodTemplate's) mounts that name: a changed config is a new
+/// ConfigMap and a new pod template; anything else keeps both.
+#[test]
+fn the_config_map_is_named_after_its_content_and_the_pod_template_mounts_that_name() {
+    let name_in = |objs: &[Value]| config_map(objs)["metadata"]["name"].as_str().unwrap().to_string();
+    let mounted = |spec: &Value| volume(spec, "kubecast-config")["configMap"]["name"].as_str().unwrap().to_string();
+    let base = render("minimal", &[]);
+    let name = name_in(&base);
+    assert!(name.starts_with("k-kubecast-config-") && name.len() == "k-kubecast-config-".len() + 10, "{name}");
+    assert_eq!(mounted(pod_spec(&base)), name);
+    // Rendered again: the same name.
+    assert_eq!(name_in(&render("minimal", &[])), name);
+    // Pod labels are not in kubecast.toml: same ConfigMap.
+    assert_eq!(name_in(&render("minimal", &["podLabels.team=a"])), name);
+    // A config change: another name, and the pod template follows it.
+    let changed = render("minimal", &["config.cluster.name=other"]);
+    let other = name_in(&changed);
+    assert_ne!(other, name);
+    assert_eq!(mounted(pod_spec(&changed)), other);
+    // Sidecar mode: the PodTemplate mounts the same hashed name as the ConfigMap's.
+    let sidecar = render("sidecar", &[]);
+    assert_eq!(mounted(&one(&sidecar, "PodTemplate")["template"]["spec"]), name_in(&sidecar));
+}
+
+/// On the real apiserver: `helm upgrade` with a changed config creates the new ConfigMap,
+/// points the Deployment at it and deletes the old one; the ConfigMap cannot be changed in
+/// place; an upgrade that keeps the config keeps the ConfigMap; `helm rollback` brings the
+/// old name back.
+#[tokio::test]
+async fn helm_upgrade_replaces_the_immutable_config_map_and_the_pod_template_follows() {
+    setup();
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "kc-upgrade").await;
+    let release = common::unique("up");
+    let deployment = format!("{release}-kubecast");
+    let chart = chart();
+    let file = ci_values("ha");
+    let helm_in = |args: &[&str], what: &str| {
+        let mut a = args.to_vec();
+        a.extend(["-n", ns.name.as_str(), "-f", file.as_str()]);
+        ok(helm(&a), what)
+    };
+    let config_maps = || {
+        let out = ok(
+            kubectl(
+                &[
+                    "get",
+                    "configmap",
+                    "-n",
+                    &ns.name,
+                    "-l",
+                    &format!("app.kubernetes.io/instance={release}"),
+                    "-o",
+                    "name",
+                ],
+                None,
+            ),
+            "list the release's ConfigMaps",
+        );
+        out.lines().map(|l| l.trim_start_matches("configmap/").to_string()).collect::<BTreeSet<_>>()
+    };
+    helm_in(&["install", &release, &chart, "--set", "replicas=1"], "helm install");
+    let first = mounted_config_name(&deployment, &ns.name);
+    assert_eq!(config_maps(), BTreeSet::from([first.clone()]));
+    // Immutable: the apiserver refuses a change in place.
+    let patch = kubectl(
+        &["patch", "configmap", &first, "-n", &ns.name, "--type", "merge", "-p", r#"{"data":{"kubecast.toml":"x"}}"#],
+        None,
+    );
+    assert!(!patch.status.success(), "an immutable ConfigMap was changed");
+    assert!(text(&patch.stderr).contains("immutable"), "{}", text(&patch.stderr));
+
+    // 1 -> 2 replicas with a new config: a new ConfigMap, the pod template names it, the old
+    // one is gone.
+    helm_in(
+        &["upgrade", &release, &chart, "--set", "replicas=2", "--set", "config.cluster.name=prod-eu-3"],
+        "helm upgrade",
+    );
+    let second = mounted_config_name(&deployment, &ns.name);
+    assert_ne!(second, first);
+    assert_eq!(config_maps(), BTreeSet::from([second.clone()]), "the old config is deleted");
+    assert!(installed_config(&deployment, &ns.name).contains("name = \"prod-eu-3\""));
+    // The same config again (only the replica count changes): the same ConfigMap.
+    helm_in(
+        &["upgrade", &release, &chart, "--set", "replicas=3", "--set", "config.cluster.name=prod-eu-3"],
+        "helm upgrade",
+    );
+    assert_eq!(mounted_config_name(&deployment, &ns.name), second);
+    assert_eq!(config_maps(), BTreeSet::from([second.clone()]));
+    let replicas = ok(
+        kubectl(&["get", "deployment", &deployment, "-n", &ns.name, "-o", "jsonpath={.spec.replicas}"], None),
+        "read the Deployment's replicas",
+    );
+    assert_eq!(replicas, "3", "the upgrade was applied");
+    // Rollback to the first revision: its config under its old name.
+    ok(helm(&["rollback", &release, "1", "-n", &ns.name]), "helm rollback");
+    assert_eq!(mounted_config_name(&deployment, &ns.name), first);
+    assert_eq!(config_maps(), BTreeSet::from([first.clone()]));
+    ok(helm(&["uninstall", &release, "-n", &ns.name]), "helm uninstall");
+}
+
 /// Two replicas, one active through a Lease: the rendered config elects, each pod has its
 /// identity, RollingUpdate (a new pod starts as a standby), RBAC for that one Lease only; and
 /// more than one replica without coordination is refused.
@@ -748,7 +927,7 @@ fn ha_values_render_two_replicas_a_lease_and_its_role() {
     assert_eq!(
         role["rules"],
         json!([
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["k-kubecast"], "verbs": ["get", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["k-kubecast"], "verbs": ["get", "watch", "update"]},
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}
         ])
     );
@@ -912,10 +1091,7 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
 
     // kubecast with the chart's own config: only the sink and the checkpoint directory are
     // replaced (by the harness's file sink and a temp dir), as the chart's are for a pod.
-    let installed = ok(
-        kubectl(&["get", "configmap", &sa, "-n", &home.name, "-o", "jsonpath={.data.kubecast\\.toml}"], None),
-        "read the chart's ConfigMap",
-    );
+    let installed = installed_config(&sa, &home.name);
     let config = tables(&installed, &["sink", "checkpoint"], false);
     assert!(config.contains("[[resources]]") && config.contains(&watched.name), "{config}");
     let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", &kubeconfig)]);
@@ -963,7 +1139,23 @@ async fn the_charts_service_account_may_watch_exactly_the_configured_resources()
     ok(helm(&["uninstall", &release, "-n", &home.name]), "helm uninstall");
 }
 
-/// The top-level tables `names` of `toml` (with their sub-tables) when `keep`, else the rest.
+/// The name of the ConfigMap the pod template of Deployment `deployment` mounts.
+fn mounted_config_name(deployment: &str, ns: &str) -> String {
+    let path = "jsonpath={.spec.template.spec.volumes[?(@.name==\"kubecast-config\")].configMap.name}";
+    ok(kubectl(&["get", "deployment", deployment, "-n", ns, "-o", path], None), "read the Deployment's config volume")
+}
+
+/// The kubecast.toml the pods of Deployment `deployment` run with (its ConfigMap's name carries
+/// a hash of the content: read it from the pod template, as the chart README shows).
+fn installed_config(deployment: &str, ns: &str) -> String {
+    let name = mounted_config_name(deployment, ns);
+    assert!(name.starts_with(&format!("{deployment}-config-")), "{name}");
+    ok(
+        kubectl(&["get", "configmap", &name, "-n", ns, "-o", "jsonpath={.data.kubecast\\.toml}"], None),
+        "read the chart's ConfigMap",
+    )
+}
+
 /// A kubeconfig with a token of ServiceAccount `sa` of `ns` (and nothing else), in `dir`.
 fn service_account_kubeconfig(sa: &str, ns: &str, dir: &Path) -> String {
     let token = ok(kubectl(&["create", "token", sa, "-n", ns, "--duration=1h"], None), "kubectl create token");
@@ -1008,6 +1200,7 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     let lease = format!("leases.coordination.k8s.io/{sa}");
     assert_eq!(can(&["get", &lease]), "yes");
     assert_eq!(can(&["update", &lease]), "yes");
+    assert_eq!(can(&["watch", &lease]), "yes");
     assert_eq!(can(&["create", "leases.coordination.k8s.io"]), "yes");
     // The cluster's identity, and no other namespace.
     assert_eq!(can(&["get", "namespaces/kube-system"]), "yes");
@@ -1020,10 +1213,7 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     ] {
         assert_eq!(can(&args), "no", "{what} must be denied");
     }
-    let installed = ok(
-        kubectl(&["get", "configmap", &sa, "-n", &home.name, "-o", "jsonpath={.data.kubecast\\.toml}"], None),
-        "read the chart's ConfigMap",
-    );
+    let installed = installed_config(&sa, &home.name);
     assert!(installed.contains("[coordination]"), "{installed}");
     let config = tables(&installed, &["sink", "checkpoint"], false);
     let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", &kubeconfig), ("POD_NAME", "proof-0")]);
@@ -1037,7 +1227,15 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     assert!(!kc.log().contains("lost the lease"), "{}", kc.log());
     assert!(!kc.log().contains("cannot read the kube-system namespace"), "the identity is readable:\n{}", kc.log());
+    // A standby with the same identity watches the Lease (RBAC: watch on that one Lease) and
+    // takes it as soon as the holder gives it up at its stop.
+    let mut standby = Kubecast::start_with(&config, &[("KUBECONFIG", &kubeconfig), ("POD_NAME", "proof-1")]);
+    standby.wait_log("standby: another process holds the lease", 1).await;
     assert!(kc.stop().success(), "{}", kc.log());
+    standby.wait_log("holding the lease", 1).await;
+    let log = standby.log();
+    assert!(!log.contains("cannot watch the lease"), "the chart's Role allows the watch:\n{log}");
+    assert!(standby.stop().success(), "{log}");
     ok(helm(&["uninstall", &release, "-n", &home.name]), "helm uninstall");
 }
 

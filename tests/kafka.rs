@@ -558,3 +558,54 @@ async fn refused_credentials_are_a_clear_error_and_the_secret_is_never_logged() 
     let log = kc.log();
     assert!(!log.contains(wrong) && !log.contains(&right), "a password appeared in the log:\n{log}");
 }
+
+/// The lines of a kubecast log at level ERROR, and those with a librdkafka configuration
+/// warning (`CONFWARN`: a property of the other role, ignored).
+fn errors_and_confwarns(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains(" ERROR ") || l.contains("\"level\":\"ERROR\"") || l.contains("CONFWARN"))
+        .collect()
+}
+
+/// A fresh, empty state topic (created by the Kafka store) and producer properties in
+/// `[sink.kafka] properties`: the store's consumers get only consumer properties (librdkafka
+/// warns `CONFWARN` for each producer property it ignores), and the end of the empty
+/// partition, how the store knows it has read the topic, is no ERROR line. Started again on the
+/// now written topic: the same.
+#[tokio::test]
+async fn the_kafka_store_starts_on_an_empty_state_topic_without_warnings_or_errors() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "kafka-store-quiet").await;
+    let cluster = cluster_name();
+    let topic = format!("quiet.{cluster}");
+    let state = format!("quiet-state.{cluster}");
+    let checkpoint = format!("store = \"kafka\"\nflush_interval_ms = 100\n[checkpoint.kafka]\ntopic = \"{state}\"\n");
+    let sink = sink_toml(&topic, "[sink.kafka.properties]\n\"linger.ms\" = \"5\"\n\"compression.type\" = \"zstd\"\n");
+    let config = kafka_config(&cluster, &ns.name, "");
+    let mut kc = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    kc.wait_ready(200).await;
+    let log = kc.log();
+    assert!(log.contains("Kafka state topic created"), "a fresh state topic:\n{log}");
+    assert!(log.contains("Kafka state topic read"), "{log}");
+    create_cm(&client, &ns.name, "one", json!({}), json!({"v": "1"})).await;
+    consume_until(&topic, "the change", |r| !r.is_empty()).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+    let log = kc.log();
+    assert!(
+        errors_and_confwarns(&log).is_empty(),
+        "a fresh state topic:\n{}\n\nthe whole log:\n{log}",
+        errors_and_confwarns(&log).join("\n")
+    );
+
+    kc.restart(&[]);
+    kc.wait_ready(200).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+    let log = kc.run_log();
+    assert!(log.contains("Kafka state topic read"), "{log}");
+    assert!(
+        errors_and_confwarns(&log).is_empty(),
+        "the written state topic:\n{}\n\nthe whole log:\n{log}",
+        errors_and_confwarns(&log).join("\n")
+    );
+}

@@ -322,11 +322,23 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
     {{- end }}
 {{- end }}
 
+{{/*
+"kubecast.configName": the config ConfigMap's name, "<fullname>-config-" and the first 10 hex
+digits of the sha256 of its kubecast.toml as stored (the YAML block keeps one final newline).
+The ConfigMap is immutable: a changed config is a new ConfigMap, and a pod template names the
+one config it was rendered with (a pod of an older ReplicaSet never reads a newer config;
+when its ConfigMap is gone, it does not start).
+*/}}
+{{- define "kubecast.configName" -}}
+{{- $stored := printf "%s\n" (regexReplaceAll "\n+$" (include "kubecast.configToml" .) "") }}
+{{- printf "%s-config-%s" (include "kubecast.fullname" .) ($stored | sha256sum | trunc 10) }}
+{{- end }}
+
 {{/* The volumes of the kubecast container (list items), for the Deployment and sidecar use. */}}
 {{- define "kubecast.volumes" -}}
 - name: kubecast-config
   configMap:
-    name: {{ include "kubecast.fullname" . }}
+    name: {{ include "kubecast.configName" . }}
 - name: kubecast-state
   {{- if .Values.persistence.enabled }}
   persistentVolumeClaim:
@@ -357,17 +369,22 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
 
 {{/*
 The state store: config.checkpoint.store, "auto" = the sink's broker (Kafka; NATS with
-JetStream), else the file store.
+JetStream), else the file store. With config.raw: its [checkpoint] store (kubecast's
+default: "file").
 */}}
 {{- define "kubecast.store" -}}
+{{- if .Values.config.raw }}
+{{- ((fromToml .Values.config.raw).checkpoint | default dict).store | default "file" }}
+{{- else }}
+{{- $sink := .Values.config.sink | default dict }}
 {{- $store := .Values.config.checkpoint.store | default "auto" }}
 {{- if eq $store "auto" }}
-{{- $sink := .Values.config.sink | default dict }}
 {{- $nats := $sink.nats | default dict }}
 {{- if eq ($sink.type | default "stdout") "kafka" }}kafka
 {{- else if and (eq ($sink.type | default "stdout") "nats") (ne (toString $nats.jetstream) "false") }}nats
 {{- else }}file
 {{- end }}
 {{- else }}{{ $store }}
+{{- end }}
 {{- end }}
 {{- end }}

@@ -82,7 +82,7 @@ impl KafkaSink {
         }
         cc.set_log_level(RDKafkaLogLevel::Warning);
         let connected = Arc::new(AtomicBool::new(true));
-        let producer: FutureProducer<KafkaContext> = cc
+        let producer: FutureProducer<KafkaContext> = super::roles::for_producer(&cc)
             .create_with_context(KafkaContext { connected: connected.clone() })
             // The error names the property, never its value.
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
@@ -226,7 +226,7 @@ impl KafkaSink {
         if let Some(p) = self.solo.get() {
             return Ok(p);
         }
-        let mut cc = self.config.clone();
+        let mut cc = super::roles::for_producer(&self.config);
         cc.set("batch.num.messages", "1").set("linger.ms", "0");
         let p = cc
             .create_with_context(KafkaContext { connected: self.connected.clone() })

@@ -1,7 +1,11 @@
-//! librdkafka's log lines, as kubecast's (target `kubecast::kafka`), for every Kafka client
-//! context of the sink (the producer's and the transactional one's).
+//! librdkafka's log lines and errors, as kubecast's (target `kubecast::kafka`), for every
+//! Kafka client context (the sink's producer, the transactional one, the state store's
+//! consumers and admin client).
 
+use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::consumer::ConsumerContext;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, error, warn};
 
 pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
@@ -13,3 +17,32 @@ pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
         _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
     }
 }
+
+/// Whether a client error is a normal event rather than a failure: the end of a partition
+/// (`enable.partition.eof`, how a reader knows it has read a topic to its end, also an
+/// empty one).
+fn is_normal(error: &KafkaError) -> bool {
+    matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::PartitionEOF))
+}
+
+/// The context of the clients that only read or administer (the state store's consumers and
+/// admin client): librdkafka's log lines and errors go to kubecast's log; the end of a
+/// partition is not an error.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogContext;
+
+impl ClientContext for LogContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
+        log(level, fac, msg);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if is_normal(&error) {
+            debug!(target: "kubecast::kafka", error = %error, "Kafka client: {reason}");
+        } else {
+            error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for LogContext {}

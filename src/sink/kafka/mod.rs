@@ -15,8 +15,10 @@ mod client;
 mod config;
 mod encode;
 mod logging;
+pub mod roles;
 pub mod transaction;
 
 pub use client::{KafkaContext, KafkaSink};
 pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode};
 pub use encode::{clean_topic_part, encode};
+pub use logging::LogContext;

@@ -174,7 +174,7 @@ impl Transaction {
         connected: Arc<AtomicBool>,
     ) -> Result<Self, TxnError> {
         let what = format!("Kafka transactional producer (transactional.id {transactional_id})");
-        let mut pc = client.clone();
+        let mut pc = super::roles::for_producer(client);
         pc.set("transactional.id", transactional_id)
             .set("enable.idempotence", "true")
             .set("acks", "all")

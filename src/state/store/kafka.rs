@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -29,6 +28,8 @@ use super::error::CheckpointError;
 use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
 use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
+use crate::sink::kafka::LogContext;
+use crate::sink::kafka::roles::{for_consumer, for_producer};
 use crate::sink::kafka::transaction::{Record, TIMEOUT, Transaction, TxnError};
 
 /// What the Kafka store is opened with (built by `app` from `[checkpoint.kafka]` and the
@@ -159,8 +160,7 @@ async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
                 "does not exist (fix: create it with cleanup.policy=compact, or set [checkpoint.kafka] create_topic = true)",
             ));
         }
-        let admin: AdminClient<DefaultClientContext> =
-            cfg.client.create().map_err(|e| broker(&what, format!("admin client: {e}")))?;
+        let admin = admin_client(cfg, &what)?;
         let opts = AdminOptions::new().request_timeout(Some(TIMEOUT)).operation_timeout(Some(TIMEOUT));
         let topic = NewTopic::new(&cfg.topic, 1, TopicReplication::Fixed(-1))
             .set("cleanup.policy", "compact")
@@ -177,8 +177,7 @@ async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
             }
         }
     }
-    let admin: AdminClient<DefaultClientContext> =
-        cfg.client.create().map_err(|e| broker(&what, format!("admin client: {e}")))?;
+    let admin = admin_client(cfg, &what)?;
     let opts = AdminOptions::new().request_timeout(Some(TIMEOUT));
     let deadline = Instant::now() + TIMEOUT;
     loop {
@@ -212,11 +211,17 @@ async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
     }
 }
 
+/// An admin client (librdkafka runs it as a producer: the producer's properties).
+fn admin_client(cfg: &KafkaStoreConfig, what: &str) -> Result<AdminClient<LogContext>, CheckpointError> {
+    for_producer(&cfg.client).create_with_context(LogContext).map_err(|e| broker(what, format!("admin client: {e}")))
+}
+
 /// Whether the topic exists (a metadata request that never creates topics).
 async fn topic_exists(cfg: &KafkaStoreConfig, what: &str) -> Result<bool, CheckpointError> {
-    let mut cc = cfg.client.clone();
+    let mut cc = for_consumer(&cfg.client);
     cc.set("allow.auto.create.topics", "false").set("group.id", "kubecast-state-check");
-    let consumer: BaseConsumer = cc.create().map_err(|e| broker(what, format!("client: {e}")))?;
+    let consumer: BaseConsumer<LogContext> =
+        cc.create_with_context(LogContext).map_err(|e| broker(what, format!("client: {e}")))?;
     let topic = cfg.topic.clone();
     let what = what.to_string();
     tokio::task::spawn_blocking(move || {
@@ -238,14 +243,15 @@ fn read_to_end(
     mut each: impl FnMut(&str, &rdkafka::message::BorrowedMessage<'_>) -> Result<(), CheckpointError>,
 ) -> Result<u64, CheckpointError> {
     let what = format!("Kafka state topic {topic}");
-    let mut cc = client.clone();
+    let mut cc = for_consumer(client);
     cc.set("allow.auto.create.topics", "false")
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer = cc.create().map_err(|e| broker(&what, format!("consumer: {e}")))?;
+    let consumer: BaseConsumer<LogContext> =
+        cc.create_with_context(LogContext).map_err(|e| broker(&what, format!("consumer: {e}")))?;
     let md = consumer.fetch_metadata(Some(topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
     let partitions: Vec<i32> = md
         .topics()
