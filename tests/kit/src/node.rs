@@ -191,11 +191,15 @@ pub struct Publishing {
 }
 
 impl Publishers {
+    /// Starts sampling; returns once every pod running now was sampled twice (their counts
+    /// at the start are a baseline, not publishing: a pod that appears later counts from 0).
     pub fn start(ns: &str, selector: &str) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (ns, selector, flag) = (ns.to_string(), selector.to_string(), stop.clone());
+        let rounds = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (ns, selector, flag, done) = (ns.to_string(), selector.to_string(), stop.clone(), rounds.clone());
         let thread = std::thread::spawn(move || {
             let mut last: BTreeMap<String, f64> = BTreeMap::new();
+            let mut baseline = true;
             let mut ips: Vec<(String, String)> = Vec::new();
             let mut listed = Instant::now() - Duration::from_secs(5);
             let mut out = Vec::new();
@@ -210,15 +214,22 @@ impl Publishers {
                     let Some(m) = metrics(ip) else { continue };
                     let n = sum(&m, "kubecast_events_published_total");
                     let before = last.insert(name.clone(), n).unwrap_or(0.0);
-                    if n > before {
+                    if n > before && !baseline {
                         publishing.push(name.clone());
                     }
                 }
-                out.push(Interval { at: t0, publishing });
+                baseline = false;
+                if done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) > 0 {
+                    out.push(Interval { at: t0, publishing });
+                }
                 std::thread::sleep(Duration::from_millis(100).saturating_sub(t0.elapsed()));
             }
             out
         });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while rounds.load(std::sync::atomic::Ordering::Relaxed) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         Self { stop, thread: Some(thread) }
     }
 
