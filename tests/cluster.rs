@@ -434,3 +434,50 @@ async fn exactly_once_through_a_rolling_upgrade_and_a_deleted_active_pod() {
     report("exactly once: upgrade and delete", &verdict);
     no_second_snapshot(&verdict.events);
 }
+
+/// A pod OOM-killed by a small memory limit (a stream that keeps the previous version of every
+/// object, `keep_previous`, meets objects larger than the limit allows), then the limit raised
+/// (`helm upgrade`): the replacement resumes from the broker state, no snapshot, nothing lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oom_killed_pod_and_its_replacement_lose_nothing() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: false }).await;
+    let client = client().await;
+    let small = |limit: &str| {
+        let mut v = r.values(json!({"resources": {"limits": {"memory": limit}, "requests": {"memory": "32Mi"}}}));
+        v["config"]["resources"][0]["keep_previous"] = json!(true);
+        v
+    };
+    r.helm("install", &small("64Mi")).await;
+    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+
+    // ~100 MB of objects, each kept in memory: more than 64 MiB.
+    let api = r.api(&client);
+    let big = "x".repeat(400 * 1024);
+    for i in 0..250 {
+        let cm: ConfigMap =
+            serde_json::from_value(json!({"metadata": {"name": format!("big-{i}")}, "data": {"v": big}})).unwrap();
+        api.create(&Default::default(), &cm).await.expect("a big ConfigMap");
+        if pods(&r.ns.name, Release::selector()).iter().any(|p| p.last_terminated.as_deref() == Some("OOMKilled")) {
+            break;
+        }
+    }
+    let ns = r.ns.name.clone();
+    let oom = blocking(move || {
+        node::wait_until(WAIT, || {
+            pods(&ns, Release::selector()).iter().any(|p| p.last_terminated.as_deref() == Some("OOMKilled"))
+        })
+    })
+    .await;
+    assert!(oom, "the kubecast container was OOM-killed at 64Mi: {:?}\n{}", r.pods(), r.logs());
+    println!("OOMKilled: {:?}", r.pods().iter().map(|p| (&p.name, p.restarts, &p.last_terminated)).collect::<Vec<_>>());
+
+    // The fix a user makes: a larger limit. The new pod resumes from the broker state.
+    r.helm("upgrade", &small("512Mi")).await;
+    r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the limit was raised: {}", r.logs());
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("OOM kill, then a larger limit", &verdict);
+    no_second_snapshot(&verdict.events);
+}
