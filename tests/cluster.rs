@@ -61,6 +61,10 @@ impl Release {
         node::require();
         let client = client().await;
         let ns = TestNamespace::new(&client, "rel").await;
+        // What the controller-manager's root-ca-cert-publisher (off on the test node, see
+        // tests/env/README.md) puts in every namespace: the pods' token volume mounts it.
+        let ca = std::fs::read_to_string(common::env_var("KUBECAST_TEST_CA")).expect("the apiserver's CA");
+        common::create_cm(&client, &ns.name, "kube-root-ca.crt", json!({}), json!({"ca.crt": ca})).await;
         let load = TestNamespace::new(&client, "load").await;
         for i in 0..STATIC {
             common::create_cm(&client, &load.name, &format!("static-{i}"), json!({}), json!({"v": "0"})).await;
