@@ -2,9 +2,9 @@
 //! it describes the same image as `docker/Dockerfile`'s runtime stage, its root filesystem has
 //! what the binary needs, and the binary starts in it as a container (runc), as the image's user.
 //!
-//! The archive is `$KUBECAST_IMAGE_ARCHIVE` (tests/run builds it once before the tests); without
-//! it, this test runs `docker/build` itself (the release binary, then the image). Both need root:
-//! buildah and runc run as root here.
+//! The archive is `$KUBECAST_IMAGE_ARCHIVE` when set (a test runner that built it before the
+//! tests, with `docker/build --out FILE`); without it, this test runs `docker/build` itself (the
+//! release binary, then the image). Both need root: buildah and runc run as root here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -489,8 +489,8 @@ fn the_binary_starts_in_the_image_as_its_user() {
 }
 
 /// The image's kubecast, in a container on the host's network (the test apiserver listens on
-/// 127.0.0.1), a kubeconfig mounted, its volume a directory owned by 65532 (as a pod's
-/// emptyDir): it emits the ConfigMap of a fresh namespace as a CloudEvent on stdout, stops on
+/// 127.0.0.1), its volume a directory owned by 65532 (as a pod's emptyDir) that also holds its
+/// kubeconfig and config: it emits the ConfigMap of a fresh namespace as a CloudEvent on stdout, stops on
 /// SIGTERM, and leaves its checkpoint in the volume.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_image_watches_the_test_apiserver() {
