@@ -175,6 +175,20 @@ fn read_topic(topic: &str) -> Vec<Published> {
     out
 }
 
+/// The records of `topic` once `done` holds for them (read again every 200 ms, bounded).
+async fn wait_records(topic: &str, what: &str, done: impl Fn(&[Published]) -> bool) -> Vec<Published> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let t = topic.to_string();
+        let got = tokio::task::spawn_blocking(move || read_topic(&t)).await.unwrap();
+        if done(&got) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The time (ms since the epoch) of the first log line containing `needle`.
 fn log_time(log: &str, needle: &str) -> Option<i64> {
     let line = log.lines().find(|l| l.contains(needle))?;
@@ -230,28 +244,16 @@ async fn a_clean_stop_hands_the_lease_over_at_once_losing_nothing() {
             v
         }
     });
-    let poll = |topic: String, what: &'static str, done: Box<dyn Fn(&[Published]) -> bool + Send>| async move {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let t = topic.clone();
-            let got = tokio::task::spawn_blocking(move || read_topic(&t)).await.unwrap();
-            if done(&got) {
-                return got;
-            }
-            assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    };
-    poll(topic_a.clone(), "20 changes from the leader", Box::new(|r| r.len() >= 20)).await;
+    wait_records(&topic_a, "20 changes from the leader", |r| r.len() >= 20).await;
 
     let term = Instant::now();
     let status = a.stop_within(WAIT).await.expect("the leader stops");
     let stopped = term.elapsed();
     assert!(status.success(), "a clean stop:\n{}", a.log());
-    poll(topic_b.clone(), "changes from the new leader", Box::new(|r| r.len() >= 20)).await;
+    wait_records(&topic_b, "changes from the new leader", |r| r.len() >= 20).await;
     stop.store(true, Ordering::Relaxed);
     let last = writer.await.unwrap();
-    let from_b = poll(topic_b.clone(), "the last change", Box::new(move |r| r.iter().any(|p| p.v == last))).await;
+    let from_b = wait_records(&topic_b, "the last change", |r| r.iter().any(|p| p.v == last)).await;
     let from_a = tokio::task::spawn_blocking(move || read_topic(&topic_a)).await.unwrap();
 
     let seen: BTreeSet<u64> = from_a.iter().chain(&from_b).map(|p| p.v).collect();
