@@ -1,12 +1,21 @@
 //! `[coordination]`: two processes on one Lease, exactly one publishes; the standby takes over
-//! when the leader dies or is paused past the lease, and a paused leader that wakes up stops.
+//! when the leader dies or is paused past the lease, and a paused leader that wakes up stops;
+//! a clean stop hands over at once (the standby watches the Lease).
 
 use kubecast_kit as common;
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Kubecast, TestNamespace, about, client, create_cm};
-use serde_json::json;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 const GRACE: Duration = Duration::from_secs(2);
@@ -90,6 +99,188 @@ async fn a_paused_leader_that_wakes_up_stops_and_publishes_at_most_what_it_read_
         after.iter().all(|e| e["subject"] == z.as_str()),
         "after losing the lease it published only what it had read meanwhile:\n{}",
         common::pretty(&after)
+    );
+    assert!(b.stop().success(), "{}", b.log());
+}
+
+/// A record of the handover test: its Kafka timestamp (set by the producer when kubecast
+/// handed it over) and the ConfigMap's `data.v`.
+#[derive(Debug, Clone, Copy)]
+struct Published {
+    at_ms: i64,
+    v: u64,
+}
+
+/// Every record about the ConfigMap `steady` in `topic` up to its end when called (none while
+/// the topic does not exist): read up to the high watermarks, since records keep arriving.
+fn read_topic(topic: &str) -> Vec<Published> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+        .set("group.id", common::unique("handover-reader"))
+        .set("enable.auto.commit", "false")
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("consumer");
+    let timeout = Duration::from_secs(10);
+    // Retried: a test that stops the shared broker may run meanwhile.
+    let deadline = Instant::now() + WAIT;
+    let md = loop {
+        match consumer.fetch_metadata(Some(topic), timeout) {
+            Ok(md) => break md,
+            Err(e) if Instant::now() < deadline => eprintln!("metadata of {topic}: {e}; again"),
+            Err(e) => panic!("metadata of {topic}: {e}"),
+        }
+    };
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    // Per partition, the offset after the last record now there.
+    let mut end = BTreeMap::new();
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        let (low, high) = consumer.fetch_watermarks(topic, p, timeout).expect("watermarks");
+        if high > low {
+            end.insert(p, high);
+            tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        }
+    }
+    if end.is_empty() {
+        return Vec::new();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !end.is_empty() {
+        assert!(Instant::now() < deadline, "{topic} not read within 30 s: {end:?} left, {} records", out.len());
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                if end.get(&m.partition()).is_some_and(|high| m.offset() + 1 >= *high) {
+                    end.remove(&m.partition());
+                }
+                let cm: Value = serde_json::from_slice(m.payload().expect("a payload")).expect("JSON");
+                if cm["metadata"]["name"] != "steady" {
+                    continue; // kube-root-ca.crt
+                }
+                let v = cm["data"]["v"].as_str().unwrap_or_else(|| panic!("no data.v in {cm}")).parse().unwrap();
+                out.push(Published { at_ms: m.timestamp().to_millis().expect("a timestamp"), v });
+            }
+            // Bounded by the deadline: a test that stops the shared broker may run meanwhile.
+            Some(Err(e)) => eprintln!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
+    out
+}
+
+/// The records of `topic` once `done` holds for them (read again every 200 ms, bounded).
+async fn wait_records(topic: &str, what: &str, done: impl Fn(&[Published]) -> bool) -> Vec<Published> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let t = topic.to_string();
+        let got = tokio::task::spawn_blocking(move || read_topic(&t)).await.unwrap();
+        if done(&got) {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The time (ms since the epoch) of the first log line containing `needle`.
+fn log_time(log: &str, needle: &str) -> Option<i64> {
+    let line = log.lines().find(|l| l.contains(needle))?;
+    let stamp = line.split_whitespace().next()?;
+    Some(chrono::DateTime::parse_from_rfc3339(stamp).ok()?.timestamp_millis())
+}
+
+/// A clean handover under a steady stream of changes (one every 50 ms), with the Kafka sink
+/// and the Kafka store and the default timings (retry period 2 s): the leader gets SIGTERM,
+/// drains, writes its final checkpoint and gives the Lease up; the standby, watching the
+/// Lease, takes it and resumes from that checkpoint. To tell the two publishers apart, each
+/// writes its own topic (the state, the Lease and the transactional.id are shared). Nothing is
+/// lost, and the old leader's last record comes before the new one's first. The gap between
+/// them is printed (a figure for the README, not asserted).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_stop_hands_the_lease_over_at_once_losing_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "lease-handover").await;
+    let id = common::unique("handover").replace('_', "-");
+    let config = common::cm_config(
+        &ns.name,
+        &format!("[coordination]\nenabled = true\nlease_name = \"{id}\"\nlease_namespace = \"{}\"\n", ns.name),
+    );
+    let checkpoint =
+        format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{id}.state\"\n");
+    let sink = |who: &str| {
+        format!(
+            "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{id}.{who}\"\n[delivery]\nshutdown_timeout_seconds = 10\n",
+            common::env_var("KAFKA_BROKERS")
+        )
+    };
+    let (topic_a, topic_b) = (format!("{id}.a"), format!("{id}.b"));
+    create_cm(&client, &ns.name, "steady", json!({}), json!({"v": "0"})).await;
+    let mut a = Kubecast::start_with_sink(&config, &sink("a"), &checkpoint, &[]);
+    a.wait_log("holding the lease", 1).await;
+    a.wait_ready(200).await;
+    let mut b = Kubecast::start_with_sink(&config, &sink("b"), &checkpoint, &[]);
+    b.wait_log("standby: another process holds the lease", 1).await;
+
+    // The steady stream: v = 1, 2, ... every 50 ms until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let writer = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut v = 0u64;
+            while !stop.load(Ordering::Relaxed) && v < 2000 {
+                v += 1;
+                let patch = json!({"data": {"v": v.to_string()}});
+                api.patch("steady", &PatchParams::default(), &Patch::Merge(&patch)).await.expect("patch");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            v
+        }
+    });
+    wait_records(&topic_a, "20 changes from the leader", |r| r.len() >= 20).await;
+
+    let term = Instant::now();
+    let status = a.stop_within(WAIT).await.expect("the leader stops");
+    let stopped = term.elapsed();
+    assert!(status.success(), "a clean stop:\n{}", a.log());
+    wait_records(&topic_b, "changes from the new leader", |r| r.len() >= 20).await;
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.await.unwrap();
+    let from_b = wait_records(&topic_b, "the last change", |r| r.iter().any(|p| p.v == last)).await;
+    let from_a = tokio::task::spawn_blocking(move || read_topic(&topic_a)).await.unwrap();
+
+    let seen: BTreeSet<u64> = from_a.iter().chain(&from_b).map(|p| p.v).collect();
+    let lost: Vec<u64> = (0..=last).filter(|v| !seen.contains(v)).collect();
+    assert!(lost.is_empty(), "changes lost in the handover: {lost:?}");
+    let a_last = from_a.iter().map(|p| p.at_ms).max().unwrap();
+    let b_first = from_b.iter().map(|p| p.at_ms).min().unwrap();
+    assert!(
+        a_last <= b_first,
+        "two publishers at once: the old leader's last record at {a_last}, the new one's first at {b_first}"
+    );
+    let a_vs: BTreeSet<u64> = from_a.iter().map(|p| p.v).collect();
+    let again = from_b.iter().filter(|p| a_vs.contains(&p.v)).count();
+    // Where the time goes, from the logs' timestamps (ms after the old leader's last record).
+    let after =
+        |log: &str, needle: &str| log_time(log, needle).map_or_else(|| "?".to_string(), |t| format!("{}", t - a_last));
+    let (a_log, b_log) = (a.log(), b.log());
+    eprintln!(
+        "handover: {} ms between the old leader's last record and the new leader's first (SIGTERM to exit of the old leader: {} ms; {} changes, {} sent again by the new leader); after the last record: final checkpoint {} ms, lease taken {} ms, state read {} ms, streams started {} ms",
+        b_first - a_last,
+        stopped.as_millis(),
+        last,
+        again,
+        after(&a_log, "final checkpoints written"),
+        after(&b_log, "holding the lease"),
+        after(&b_log, "Kafka state topic read"),
+        after(&b_log, "kubecast running"),
     );
     assert!(b.stop().success(), "{}", b.log());
 }

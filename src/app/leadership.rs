@@ -6,14 +6,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::error::RunError;
 use crate::observe::health::Health;
 use crate::state::lease::{Attempt, CoordinationConfig, Elector};
 
 /// Waits until this process holds the Lease; `None` when shutdown came first. Meanwhile
-/// `/readyz` says who holds it.
+/// `/readyz` says who holds it. A standby tries every retry period, and at once when its
+/// watch on the Lease shows it given up (a clean stop of the holder), so a handover does not
+/// wait for the next retry.
 pub async fn wait_for_lease(
     elector: &mut Elector,
     cfg: &CoordinationConfig,
@@ -22,6 +24,7 @@ pub async fn wait_for_lease(
 ) -> Result<Option<i32>, RunError> {
     let retry = Duration::from_secs(cfg.retry_period_seconds.into());
     let mut last_holder = None;
+    let mut watch = elector.watch();
     loop {
         let attempt = tokio::select! {
             _ = cancel.cancelled() => return Ok(None),
@@ -50,6 +53,7 @@ pub async fn wait_for_lease(
         tokio::select! {
             _ = cancel.cancelled() => return Ok(None),
             _ = tokio::time::sleep(retry) => {}
+            _ = watch.released(retry) => debug!(lease = %elector.lease(), "the lease was given up: trying now"),
         }
     }
 }

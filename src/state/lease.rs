@@ -12,11 +12,14 @@
 
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
 use serde::{Deserialize, Serialize};
+use tracing::{debug, warn};
 
 use crate::model::Problem;
 
@@ -115,7 +118,7 @@ impl CoordinationConfig {
 
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "lease {namespace}/{name}: {message} (fix: grant get, create and update on leases.coordination.k8s.io {name} in {namespace} to kubecast's identity)"
+    "lease {namespace}/{name}: {message} (fix: grant get, watch, create and update on leases.coordination.k8s.io {name} in {namespace} to kubecast's identity)"
 )]
 pub struct LeaseError {
     namespace: String,
@@ -247,5 +250,74 @@ impl Elector {
         }
         spec.holder_identity = None;
         let _ = self.api.replace(&self.name, &PostParams::default(), &lease).await;
+    }
+
+    /// A watch on the Lease, for a standby: it sees the holder give the Lease up as soon as
+    /// the apiserver has it, instead of at its next retry period.
+    pub fn watch(&self) -> LeaseWatch {
+        LeaseWatch { api: self.api.clone(), name: self.name.clone(), events: None, forbidden: false }
+    }
+}
+
+/// A watch on one Lease (`fieldSelector=metadata.name=<name>`: RBAC's `watch` verb on that one
+/// Lease suffices). One long-lived request: it costs the apiserver less than polling faster.
+pub struct LeaseWatch {
+    api: Api<Lease>,
+    name: String,
+    events: Option<BoxStream<'static, kube::Result<WatchEvent<Lease>>>>,
+    /// RBAC does not allow it: the standby polls only.
+    forbidden: bool,
+}
+
+impl LeaseWatch {
+    /// Completes when the watch shows the Lease without a holder (given up at a clean stop)
+    /// or deleted. Each (re)opened watch first reports the Lease as it is. Never completes
+    /// while the Lease cannot be watched (403: warned once); other failures reopen it after
+    /// `backoff`. Cancel-safe: a pending call may be dropped and called again.
+    pub async fn released(&mut self, backoff: Duration) {
+        loop {
+            if self.forbidden {
+                return std::future::pending().await;
+            }
+            let events = match self.events.as_mut() {
+                Some(events) => events,
+                None => {
+                    let params = WatchParams::default().fields(&format!("metadata.name={}", self.name)).timeout(290);
+                    match self.api.watch(&params, "0").await {
+                        Ok(events) => self.events.insert(events.boxed()),
+                        Err(kube::Error::Api(s)) if s.code == 403 => {
+                            warn!(lease = %self.name, error = %s, "cannot watch the lease: a standby sees it given up only at its next retry period (fix: grant watch on leases.coordination.k8s.io {} to kubecast's identity)", self.name);
+                            self.forbidden = true;
+                            continue;
+                        }
+                        Err(e) => {
+                            debug!(lease = %self.name, error = %e, "lease watch not opened; again after a retry period");
+                            tokio::time::sleep(backoff).await;
+                            continue;
+                        }
+                    }
+                }
+            };
+            match events.next().await {
+                Some(Ok(WatchEvent::Added(l) | WatchEvent::Modified(l))) => {
+                    let holder = l.spec.and_then(|s| s.holder_identity).filter(|h| !h.is_empty());
+                    if holder.is_none() {
+                        return;
+                    }
+                }
+                Some(Ok(WatchEvent::Deleted(_))) => return,
+                Some(Ok(WatchEvent::Bookmark(_))) => {}
+                Some(Ok(WatchEvent::Error(e))) => {
+                    debug!(lease = %self.name, error = %e, "lease watch ended; reopening");
+                    self.events = None;
+                }
+                Some(Err(e)) => {
+                    debug!(lease = %self.name, error = %e, "lease watch failed; reopening after a retry period");
+                    self.events = None;
+                    tokio::time::sleep(backoff).await;
+                }
+                None => self.events = None,
+            }
+        }
     }
 }

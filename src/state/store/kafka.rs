@@ -81,7 +81,9 @@ impl KafkaStore {
     /// Checks (or creates) the topic, then takes the `transactional.id` over: from here on, a
     /// process that had it cannot commit.
     pub async fn open(cfg: KafkaStoreConfig, owner: Owner) -> Result<Self, CheckpointError> {
+        let started = Instant::now();
         ensure_topic(&cfg).await?;
+        tracing::debug!(topic = %cfg.topic, took = ?started.elapsed(), "Kafka state topic checked");
         let what = format!("Kafka state topic {} (transactional.id {})", cfg.topic, cfg.transactional_id);
         let (client, id, eos) = (cfg.client.clone(), cfg.transactional_id.clone(), cfg.exactly_once);
         let w = what.clone();
@@ -249,6 +251,10 @@ fn read_to_end(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
+        // At the end, the broker answers a fetch at once instead of waiting 500 ms (the
+        // default) for records that will not come: the end is known sooner, and a new leader
+        // starts sooner.
+        .set("fetch.wait.max.ms", "10")
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer<LogContext> =
         cc.create_with_context(LogContext).map_err(|e| broker(&what, format!("consumer: {e}")))?;
