@@ -240,7 +240,7 @@ fn pods_run_their_own_config(r: &Release) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kafka_install_upgrade_delete_and_drain_lose_nothing() {
+async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     let _node = NODE.lock().await;
     let r = Release::new(Sink::Kafka { exactly_once: false }).await;
     let client = client().await;
@@ -296,8 +296,22 @@ async fn kafka_install_upgrade_delete_and_drain_lose_nothing() {
     node::rollout(&r.ns.name, "kubecast");
     one_publisher(&watch.finish(), "kubectl drain");
 
+    // A crash: the active kubecast SIGKILLed (no final checkpoint, the Lease not given up): the
+    // standby takes over once the Lease expires; the kubelet restarts the killed container.
+    let leader = r.one_leader().await;
+    let watch = Publishers::start(&r.ns.name, Release::selector());
+    assert!(node::kill9_pod(&leader), "the kubecast process of {leader} found and killed");
+    let deadline = std::time::Instant::now() + WAIT;
+    while r.leaders().first() == Some(&leader) || r.leaders().len() != 1 {
+        assert!(std::time::Instant::now() < deadline, "no other leader after the crash: {:?}", r.pods());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the crash: {}", r.logs());
+    node::rollout(&r.ns.name, "kubecast");
+    one_publisher(&watch.finish(), "active pod killed (crash)");
+
     let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
-    report("install, upgrade, delete, drain", &verdict);
+    report("install, upgrade, delete, drain, crash", &verdict);
     no_second_snapshot(&verdict.events);
 }
 

@@ -279,3 +279,24 @@ pub fn summarize(intervals: &[Interval]) -> Publishing {
     }
     Publishing { overlap_intervals: best, overlap_pods: best_pods, handovers, publishers }
 }
+
+/// SIGKILLs the kubecast process of pod `pod` (found by its `POD_NAME` in /proc: the node's
+/// containers are this machine's processes): a crash, no final checkpoint, the Lease kept.
+/// Whether one was found.
+pub fn kill9_pod(pod: &str) -> bool {
+    let want = format!("POD_NAME={pod}");
+    let mut found = false;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let path = entry.path();
+        let Ok(cmd) = std::fs::read(path.join("cmdline")) else { continue };
+        if !cmd.split(|b| *b == 0).next().is_some_and(|a| a.ends_with(b"/kubecast")) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(path.join("environ")) else { continue };
+        if environ.split(|b| *b == 0).any(|v| v == want.as_bytes()) {
+            let pid = entry.file_name().to_string_lossy().into_owned();
+            found |= std::process::Command::new("kill").args(["-KILL", &pid]).status().is_ok_and(|s| s.success());
+        }
+    }
+    found
+}
