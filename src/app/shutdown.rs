@@ -20,7 +20,7 @@ use crate::observe::health::Health;
 use crate::sink::Sink;
 use crate::source::reflector::ReflectorError;
 use crate::state::persister::write_changed;
-use crate::state::store::Store;
+use crate::state::store::{CheckpointError, Store};
 use crate::state::watermark::StreamCheckpoint;
 
 /// What the drain needs.
@@ -114,7 +114,7 @@ pub async fn drain(d: Drain<'_>) {
     if let Some(persister) = downstream.persister.take()
         && let Ok(Err(e)) = persister.await
     {
-        outcome.fail(e.into(), cancel);
+        settle(e, outcome, cancel);
     }
     // Not when another process owns the state now (the lease was lost, or the store fenced
     // this one): only the owner writes it.
@@ -122,11 +122,22 @@ pub async fn drain(d: Drain<'_>) {
         warn!("no final checkpoint write: this process no longer owns the state");
         return;
     }
-    // Always otherwise, whatever happened above: the acknowledged position of every stream.
-    if let Err(e) = write_changed(store, checkpoints).await {
-        outcome.fail(e.into(), cancel);
+    // Always otherwise, whatever happened above: the acknowledged position of every stream
+    // (exactly-once: unless an event was sent and never acknowledged; then the open
+    // transaction is aborted instead).
+    match write_changed(store, checkpoints).await {
+        Ok(_) => info!(within_deadline = Instant::now() <= deadline, "final checkpoints written"),
+        Err(e) => settle(e, outcome, cancel),
     }
-    info!(within_deadline = Instant::now() <= deadline, "final checkpoints written");
+}
+
+/// A write's error: the run's result, unless the open transaction was abandoned because the
+/// queue was stopped in the middle (nothing lost: the restart sends it again).
+fn settle(e: CheckpointError, outcome: &mut Outcome, cancel: &CancellationToken) {
+    match e {
+        CheckpointError::Abandoned { .. } => warn!(error = %e, "no final checkpoint write"),
+        e => outcome.fail(e.into(), cancel),
+    }
 }
 
 /// Waits for `task` until `cut` completes, else stops it.

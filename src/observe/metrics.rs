@@ -184,7 +184,7 @@ impl Metrics {
         r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());
         r.register(
             "kafka_transactions",
-            "Kafka transactions of the state store (with [sink.kafka] exactly_once: and the events), by outcome: committed, aborted",
+            "Kafka transactions of the state store (with [sink.kafka] exactly_once: and the events), by outcome: committed, aborted, commit_pending (a commit that did not finish in time, finished before the next one)",
             m.transactions.clone(),
         );
         r.register(
