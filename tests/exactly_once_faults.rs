@@ -170,8 +170,5 @@ async fn an_event_sent_but_not_acknowledged_at_the_shutdown_deadline_is_never_co
     }
     let log = kc.log();
     assert!(log.contains("transaction abandoned"), "the open transaction was abandoned, not committed:\n{log}");
-    if std::env::var_os("KUBECAST_TEST_LOG").is_some() {
-        eprintln!("{log}");
-    }
     assert!(kc.stop().success(), "{}", kc.log());
 }
