@@ -4,7 +4,10 @@
 //! so one of an event's two records is in the transaction and the other waits for room) must
 //! never be committed; a `read_committed` consumer sees every change once after the restart.
 //!
-//! The test pauses the shared broker (SIGSTOP, bounded, always resumed).
+//! And a SIGTERM while the broker does not answer still ends within the shutdown deadline
+//! (a state write waits for the store up to its own timeout otherwise), losing nothing.
+//!
+//! The tests pause the shared broker (SIGSTOP, bounded, always resumed), one at a time.
 
 use kubecast_kit as common;
 
@@ -22,6 +25,9 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// One pause of the shared broker at a time.
+static PAUSE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// One record as a `read_committed` consumer sees it: an event (its id, verb and object uid)
 /// or a tombstone (`id` empty, the key: the object's uid).
@@ -103,6 +109,7 @@ async fn metric(kc: &mut Kubecast, name: &str) -> Option<f64> {
 /// the restart each delete is seen once, followed by its tombstone.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_sent_but_not_acknowledged_at_the_shutdown_deadline_is_never_committed() {
+    let _one = PAUSE.lock().await;
     let client = client().await;
     let ns = TestNamespace::new(&client, "eos-abandon").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -170,5 +177,82 @@ async fn an_event_sent_but_not_acknowledged_at_the_shutdown_deadline_is_never_co
     }
     let log = kc.log();
     assert!(log.contains("transaction abandoned"), "the open transaction was abandoned, not committed:\n{log}");
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
+/// The sum of a counter family's samples.
+async fn counter_sum(kc: &mut Kubecast, family: &str) -> f64 {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(family) && !l.starts_with('#'))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// SIGTERM while the broker does not answer (paused): a commit waits up to 30 s for it, and
+/// the final write as long again; kubecast still exits within `shutdown_timeout_seconds` (3)
+/// plus the final write's grace (2 s) and a margin. Nothing is lost: after the broker is back,
+/// the restart sends what was not committed, each change once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_while_the_broker_does_not_answer_exits_by_the_deadline_and_loses_nothing() {
+    let _one = PAUSE.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-term").await;
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    let mut created = common::create_cms(&client, &ns.name, &common::names("a", 0..5)).await;
+    let config = format!(
+        "[cluster]\nname = \"{}\"\n[delivery]\nshutdown_timeout_seconds = 3\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\n",
+        common::unique("eos"),
+        ns.name
+    );
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nmode = \"structured\"\nexactly_once = true\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    let checkpoint = format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\n");
+    let (stop, seen) = (Arc::new(std::sync::atomic::AtomicBool::new(false)), Arc::new(Mutex::new(Vec::new())));
+    committed_records(topic.clone(), seen.clone(), stop.clone());
+    let mut kc = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    let added = |seen: &Arc<Mutex<Vec<Rec>>>| seen.lock().unwrap().iter().filter(|r| r.verb == "added").count();
+    wait_until("the first five changes committed", &mut kc, || added(&seen) >= 5).await;
+    let observed = counter_sum(&mut kc, "kubecast_events_observed").await;
+
+    let took = {
+        let _paused = common::Paused::now("kafka", Duration::from_secs(90));
+        created.extend(common::create_cms(&client, &ns.name, &common::names("b", 0..5)).await);
+        let deadline = Instant::now() + WAIT;
+        while counter_sum(&mut kc, "kubecast_events_observed").await < observed + 5.0 {
+            assert!(Instant::now() < deadline, "the five changes made during the pause not read:\n{}", kc.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // A commit (every 200 ms) now waits for the broker.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let term = Instant::now();
+        kc.signal("TERM");
+        kc.wait_exit(Duration::from_secs(90)).await;
+        term.elapsed()
+    };
+    assert!(
+        took <= Duration::from_secs(3 + 2 + 3),
+        "SIGTERM to exit took {took:?}: more than shutdown_timeout_seconds (3) + the final write's grace (2) + 3 s\n{}",
+        kc.log()
+    );
+
+    kc.restart(&[]);
+    wait_until("the ten changes committed after the restart", &mut kc, || added(&seen) >= 10).await;
+    let committed = metric(&mut kc, "kubecast_kafka_transactions_total{outcome=\"committed\"}").await.unwrap_or(0.0);
+    let deadline = Instant::now() + WAIT;
+    while metric(&mut kc, "kubecast_kafka_transactions_total{outcome=\"committed\"}").await.unwrap_or(0.0) <= committed
+    {
+        assert!(Instant::now() < deadline, "no commit after the restart:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = seen.lock().unwrap().clone();
+    for (name, (uid, _)) in &created {
+        let of: Vec<&str> = seen.iter().filter(|r| &r.uid == uid).map(|r| r.verb.as_str()).collect();
+        assert_eq!(of, ["added"], "{name} ({uid}): committed once\n{}", kc.log());
+    }
     assert!(kc.stop().success(), "{}", kc.log());
 }
