@@ -45,11 +45,15 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let _telemetry = kubecast::observe::trace::init(&cfg.telemetry)?;
             let rt =
                 tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
-            rt.block_on(async move {
+            let result = rt.block_on(async move {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(wait_for_signals(shutdown.clone()));
                 kubecast::app::run::run(cfg, shutdown).await
-            })?;
+            });
+            // A store call given up at the shutdown deadline may still block a thread (librdkafka
+            // waits up to its own timeout): not waited for.
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
+            result?;
             Ok(())
         }
     }

@@ -332,3 +332,54 @@ async fn a_resync_delete_is_not_dropped_by_a_filter_it_cannot_be_judged_by() {
     assert!(d["data"].get("data").is_none(), "a tombstone: identity only");
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// A paginated list slower than the apiserver's compaction (40 objects, one per page, 2
+/// requests per second: 20 s; etcd compacted every 5 s while another namespace's ConfigMap is
+/// written, so the list's resourceVersion is compacted before its last page). Its continue
+/// token expires; kubecast then lists once without pages, as client-go's pager does, and the
+/// list finishes with every object once. Before, it started over from the first page, which
+/// expired again: the stream never synced.
+#[tokio::test]
+async fn a_list_that_outlives_its_continue_token_finishes_as_one_unpaginated_list() {
+    let kubeconfig = common::compacting_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "pager").await;
+    let busy = TestNamespace::new(&client, "pager-writes").await;
+    let listed = create_cms(&client, &ns.name, &names("p", 0..40)).await;
+    // Writes elsewhere move etcd's revision on (compaction keeps the newest revision).
+    let writes = Api::<ConfigMap>::namespaced(client.clone(), &busy.name);
+    create_cms(&client, &busy.name, &names("w", 0..1)).await;
+    let writer = tokio::spawn(async move {
+        // At most two minutes (the test ends it sooner).
+        for n in 0..600u32 {
+            let patch = json!({"data": {"n": n.to_string()}});
+            let _ = writes.patch("w00", &PatchParams::default(), &Patch::Merge(&patch)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+
+    let config = cm_config(&ns.name, "qps = 2\nburst = 1\nstreaming_lists = false") + "page_size = 1\n";
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let mut kc = Kubecast::start_with(&config, &env);
+    kc.wait_log("continue token expired", 1).await;
+    let deadline = Instant::now() + WAIT;
+    while !kc.log().contains("list complete") {
+        assert!(Instant::now() < deadline, "the list never finished:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    writer.abort();
+    kc.wait_for("the snapshot", WAIT, |e| e.len() >= listed.len()).await;
+    tokio::time::sleep(GRACE).await;
+    let events = kc.events();
+    let ids: BTreeSet<String> = events.iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids.len(), events.len(), "each object once:\n{}", common::pretty(&events));
+    let want: BTreeSet<String> = listed.values().map(|(uid, rv)| format!("{uid}:{rv}:added")).collect();
+    assert_eq!(ids, want, "every listed object once, as listed");
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let full = metrics
+        .lines()
+        .find(|l| l.starts_with("kubecast_full_lists_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert_eq!(full, Some(1.0), "one unpaginated list:\n{metrics}");
+    assert!(kc.stop().success(), "{}", kc.log());
+}

@@ -5,6 +5,13 @@
 //! is stopped: what it held was not acknowledged, so it is not in any checkpoint and is sent
 //! again after the restart. (A panic of a stage is passed on instead: no final write, the
 //! restart sends again what came after the last one.)
+//!
+//! The state writes are bounded too: a write of the persister still running and the final
+//! write get until the deadline, and at least [`FINAL_WRITE_GRACE`] (a store that does not
+//! answer, e.g. Kafka down, would hold each of them for its own timeout). One that does not
+//! finish by then is given up: nothing acknowledged since the last write is lost, the restart
+//! resumes from that write and sends it again (exactly-once: a commit cut off either never
+//! happened or commits exactly the state sealed with it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +27,11 @@ use crate::observe::health::Health;
 use crate::sink::Sink;
 use crate::source::reflector::ReflectorError;
 use crate::state::persister::write_changed;
-use crate::state::store::Store;
+use crate::state::store::{CheckpointError, Store};
 use crate::state::watermark::StreamCheckpoint;
+
+/// The least time the state writes of the drain get, even when the deadline has passed.
+pub const FINAL_WRITE_GRACE: Duration = Duration::from_secs(2);
 
 /// What the drain needs.
 pub struct Drain<'a> {
@@ -109,12 +119,23 @@ pub async fn drain(d: Drain<'_>) {
         // Not acknowledged, so not in any checkpoint: sent again after the restart.
         warn!(error = %e, "not everything handed to the producer was delivered before the shutdown deadline");
     }
+    // The state writes below get until the deadline, and at least the grace.
+    let write_by = deadline.max(Instant::now() + FINAL_WRITE_GRACE);
     // The persister stops on the token (checked between its writes); a write of it in progress
-    // is waited for: writes never overlap.
-    if let Some(persister) = downstream.persister.take()
-        && let Ok(Err(e)) = persister.await
-    {
-        outcome.fail(e.into(), cancel);
+    // is waited for (writes never overlap), until `write_by`.
+    if let Some(mut persister) = downstream.persister.take() {
+        match tokio::time::timeout_at(write_by, &mut persister).await {
+            Ok(Ok(Err(e))) => settle(e, outcome, cancel),
+            Ok(_) => {}
+            Err(_) => {
+                persister.abort();
+                warn!(
+                    store = %store.describe(),
+                    "shutdown deadline: a checkpoint write still waits for the store; no final write (what was acknowledged since the last write is sent again after the restart)"
+                );
+                return;
+            }
+        }
     }
     // Not when another process owns the state now (the lease was lost, or the store fenced
     // this one): only the owner writes it.
@@ -122,11 +143,26 @@ pub async fn drain(d: Drain<'_>) {
         warn!("no final checkpoint write: this process no longer owns the state");
         return;
     }
-    // Always otherwise, whatever happened above: the acknowledged position of every stream.
-    if let Err(e) = write_changed(store, checkpoints).await {
-        outcome.fail(e.into(), cancel);
+    // Always otherwise, whatever happened above: the acknowledged position of every stream
+    // (exactly-once: unless an event was sent and never acknowledged; then the open
+    // transaction is aborted instead).
+    match tokio::time::timeout_at(write_by, write_changed(store, checkpoints)).await {
+        Ok(Ok(_)) => info!(within_deadline = Instant::now() <= deadline, "final checkpoints written"),
+        Ok(Err(e)) => settle(e, outcome, cancel),
+        Err(_) => warn!(
+            store = %store.describe(),
+            "shutdown deadline: the final checkpoint write got no answer from the store; given up (what was acknowledged since the last write is sent again after the restart)"
+        ),
     }
-    info!(within_deadline = Instant::now() <= deadline, "final checkpoints written");
+}
+
+/// A write's error: the run's result, unless the open transaction was abandoned because the
+/// queue was stopped in the middle (nothing lost: the restart sends it again).
+fn settle(e: CheckpointError, outcome: &mut Outcome, cancel: &CancellationToken) {
+    match e {
+        CheckpointError::Abandoned { .. } => warn!(error = %e, "no final checkpoint write"),
+        e => outcome.fail(e.into(), cancel),
+    }
 }
 
 /// Waits for `task` until `cut` completes, else stops it.

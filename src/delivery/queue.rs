@@ -110,6 +110,8 @@ impl Queue {
             tokio::select! {
                 Some((job, result, pass)) = in_flight.next() => {
                     held -= 1;
+                    // On error the pass is dropped unsettled, and so are those of every event
+                    // still in flight: the open transaction is then aborted, never committed.
                     result?;
                     let key = slot(job.msg.as_ref().expect("sent jobs have events").key());
                     match per_key.get_mut(&key).and_then(VecDeque::pop_front) {
@@ -122,7 +124,9 @@ impl Queue {
                         }
                     }
                     self.ack(job);
-                    drop(pass);
+                    if let Some(pass) = pass {
+                        pass.settle();
+                    }
                 }
                 taken = rx.recv_many(&mut batch, self.capacity - held), if input_open && accepting => {
                     if taken == 0 {

@@ -4,6 +4,12 @@
 //! and waits until the last one is dropped. While sealed, every event sent is acknowledged,
 //! so the state taken then covers exactly the events in the transaction being committed.
 //!
+//! A pass is given back with [`Pass::settle`] once its event is acknowledged. A pass dropped
+//! unsettled (the queue stopped between a send and its acknowledgement: a fatal delivery
+//! error, the shutdown deadline) leaves the gate *broken* for good: the open transaction may
+//! hold records (or half of an event's records) that no state covers, so it must never be
+//! committed; [`Sealed::broken`] tells the commit to abort instead.
+//!
 //! Invariant: while a [`Sealed`] lives, no [`Pass`] does.
 
 use std::sync::{Arc, Mutex};
@@ -20,11 +26,17 @@ pub struct Gate {
 struct GateState {
     passes: usize,
     sealed: bool,
+    /// A pass was dropped before its event was acknowledged.
+    broken: bool,
 }
 
-/// Held by one event from before its send until its acknowledgement.
+/// Held by one event from before its send until its acknowledgement; given back with
+/// [`Pass::settle`]. Dropped without it, the gate is broken.
 #[derive(Debug)]
-pub struct Pass(Arc<Gate>);
+pub struct Pass {
+    gate: Arc<Gate>,
+    settled: bool,
+}
 
 /// Held by a commit: no event is between its send and its acknowledgement.
 #[derive(Debug)]
@@ -45,7 +57,7 @@ impl Gate {
                 let mut s = self.lock();
                 if !s.sealed {
                     s.passes += 1;
-                    return Pass(self.clone());
+                    return Pass { gate: self.clone(), settled: false };
                 }
             }
             changed.await;
@@ -75,15 +87,36 @@ impl Gate {
     pub fn passes(&self) -> usize {
         self.lock().passes
     }
+
+    /// Whether a pass was dropped before its event was acknowledged.
+    pub fn broken(&self) -> bool {
+        self.lock().broken
+    }
+}
+
+impl Pass {
+    /// The event was acknowledged (or its send failed and left nothing in the transaction).
+    pub fn settle(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Sealed {
+    /// A pass was dropped before its event was acknowledged: the open transaction may hold
+    /// records no state covers; it must be aborted, never committed.
+    pub fn broken(&self) -> bool {
+        self.0.broken()
+    }
 }
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let mut s = self.0.lock();
+        let mut s = self.gate.lock();
         s.passes -= 1;
+        s.broken |= !self.settled;
         if s.passes == 0 && s.sealed {
             drop(s);
-            self.0.changed.notify_waiters();
+            self.gate.changed.notify_waiters();
         }
     }
 }
@@ -112,10 +145,10 @@ mod tests {
         // A new pass waits for the seal to end.
         let g = gate.clone();
         let late = tokio::spawn(async move { g.pass().await });
-        drop(a);
+        a.settle();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!seal.is_finished(), "one pass out");
-        drop(b);
+        b.settle();
         let sealed = tokio::time::timeout(Duration::from_secs(5), seal).await.expect("sealed").unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert!(!late.is_finished(), "no pass while sealed");
@@ -123,7 +156,20 @@ mod tests {
         drop(sealed);
         let late = tokio::time::timeout(Duration::from_secs(5), late).await.expect("passed after the seal").unwrap();
         assert_eq!(gate.passes(), 1);
-        drop(late);
+        late.settle();
         assert_eq!(gate.passes(), 0);
+        assert!(!gate.broken(), "every pass was settled");
+    }
+
+    #[tokio::test]
+    async fn a_pass_dropped_unsettled_breaks_the_gate_for_good() {
+        let gate = Arc::new(Gate::default());
+        gate.pass().await.settle();
+        assert!(!gate.seal().await.broken());
+        let unsettled = gate.pass().await;
+        drop(unsettled);
+        assert!(gate.seal().await.broken(), "the next seal sees it");
+        gate.pass().await.settle();
+        assert!(gate.seal().await.broken(), "and every one after");
     }
 }

@@ -75,6 +75,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub lease_epoch: Gauge,
     pub relists: Family<Stream, Counter>,
+    pub full_lists: Family<Stream, Counter>,
     pub gone: Family<Stream, Counter>,
     pub resync_events: Family<Stream, Counter>,
     pub watch_restarts: Family<Stream, Counter>,
@@ -108,6 +109,7 @@ impl Metrics {
             leader: Gauge::default(),
             lease_epoch: Gauge::default(),
             relists: Family::default(),
+            full_lists: Family::default(),
             gone: Family::default(),
             resync_events: Family::default(),
             watch_restarts: Family::default(),
@@ -168,6 +170,11 @@ impl Metrics {
             "Lists after the first one (410 Gone, restarts without a usable checkpoint)",
             m.relists.clone(),
         );
+        r.register(
+            "full_lists",
+            "Paginated lists finished as one unpaginated request because their continue token expired (the apiserver compacted the list's resourceVersion before its last page)",
+            m.full_lists.clone(),
+        );
         r.register("gone", "410 Gone answers (resourceVersion expired)", m.gone.clone());
         r.register("resync_events", "Events derived from a relist-diff (origin = resync)", m.resync_events.clone());
         r.register(
@@ -184,7 +191,7 @@ impl Metrics {
         r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());
         r.register(
             "kafka_transactions",
-            "Kafka transactions of the state store (with [sink.kafka] exactly_once: and the events), by outcome: committed, aborted",
+            "Kafka transactions of the state store (with [sink.kafka] exactly_once: and the events), by outcome: committed, aborted, commit_pending (a commit that did not finish in time, finished before the next one)",
             m.transactions.clone(),
         );
         r.register(

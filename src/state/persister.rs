@@ -17,12 +17,18 @@ use crate::observe::metrics::StreamMetrics;
 /// nothing is lost: what it carried is written again next time.
 ///
 /// Exactly-once into Kafka: the gate is sealed first (no event between its send and its
-/// acknowledgement), so the positions taken cover exactly the events the write commits.
+/// acknowledgement), so the positions taken cover exactly the events the write commits. If
+/// the gate is broken (an event was sent and never acknowledged: the queue stopped), the open
+/// transaction is aborted instead and nothing is written ([`CheckpointError::Abandoned`]).
 pub async fn write_changed(store: &Store, checkpoints: &[Arc<StreamCheckpoint>]) -> Result<usize, CheckpointError> {
-    let _sealed = match store.gate() {
+    let sealed = match store.gate() {
         Some(gate) => Some(gate.seal().await),
         None => None,
     };
+    if sealed.as_ref().is_some_and(|s| s.broken()) {
+        store.abandon().await;
+        return Err(CheckpointError::Abandoned { what: store.describe() });
+    }
     let mut deltas = Vec::new();
     let mut which = Vec::new();
     for (i, cp) in checkpoints.iter().enumerate() {

@@ -11,6 +11,15 @@
 //! - `MustAbort`: a produce or the commit failed with an error that is not fatal; events are
 //!   only kept. The next commit aborts it, begins a new one, produces the kept events again
 //!   (same records, same order), then the state records, then commits.
+//! - `Committing`: `commit_transaction` did not finish in time (librdkafka: retriable, and
+//!   the transaction need not be aborted). It is neither aborted nor produced again: the next
+//!   commit calls `commit_transaction` again first (librdkafka resumes it), and only then
+//!   begins the next transaction. Events sent meanwhile are only kept. If librdkafka says the
+//!   transaction must be aborted after all, it goes to `MustAbort` with every kept event.
+//! - `Abandoned`: an event was sent into the open transaction but the queue stopped before
+//!   acknowledging it (the [`Gate`] is broken): no state covers it, so the transaction is
+//!   aborted and nothing more is committed by this process; the restart sends everything
+//!   since the last commit again.
 //!
 //! Fatal errors (fenced by a newer producer with the same `transactional.id`, or any other
 //! fatal error of librdkafka's transaction manager) end it: the caller stops the process.
@@ -43,6 +52,10 @@ use crate::observe::metrics;
 
 /// How long one transactional call may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long an abandoned transaction's abort may take (else the broker aborts it when the
+/// next process takes the `transactional.id` over, or after `transaction.timeout.ms`).
+const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Events kept in one transaction before the next commit is asked for early.
 const COMMIT_SOON_EVENTS: usize = 20_000;
@@ -84,12 +97,17 @@ enum State {
     Idle,
     Open,
     MustAbort,
+    Committing,
+    Abandoned,
 }
 
 struct Inner {
     state: State,
-    /// Exactly-once: the events of the open transaction, in send order.
+    /// Exactly-once: the events of the open transaction, in send order (`Committing`: those of
+    /// the transaction being committed first, then those sent since).
     events: Vec<Record>,
+    /// `Committing`: how many of `events` are in the transaction being committed.
+    committing: usize,
     event_bytes: usize,
     /// An early commit was asked for this transaction already (once per transaction: a
     /// notification per event past the bound would leave a permit that commits the next,
@@ -188,7 +206,13 @@ impl Transaction {
             producer,
             what,
             exactly_once,
-            inner: Mutex::new(Inner { state: State::Idle, events: Vec::new(), event_bytes: 0, asked_early: false }),
+            inner: Mutex::new(Inner {
+                state: State::Idle,
+                events: Vec::new(),
+                committing: 0,
+                event_bytes: 0,
+                asked_early: false,
+            }),
             gate: Arc::new(Gate::default()),
             commit_soon: Arc::new(Notify::new()),
             committed_events: AtomicU64::new(0),
@@ -224,12 +248,16 @@ impl Transaction {
     }
 
     /// Sends an event in the open transaction (exactly-once): produced at once if it is open,
-    /// kept for the next one if not. `Err` only for a record librdkafka refuses by itself (too
-    /// large): that one is not kept.
+    /// kept for the next one if not. `Err` for a record librdkafka refuses by itself (too
+    /// large): that one is not kept; and once the transaction was abandoned (nothing more is
+    /// committed: the restart sends it again).
     pub async fn send(&self, record: Record) -> Result<(), KafkaError> {
         loop {
             {
                 let mut inner = self.lock();
+                if inner.state == State::Abandoned {
+                    return Err(KafkaError::MessageProduction(RDKafkaErrorCode::State));
+                }
                 let queue_full = if inner.state == State::Open {
                     match produce(&self.producer, &record) {
                         Ok(()) => false,
@@ -267,46 +295,132 @@ impl Transaction {
     /// Commits the open transaction with `records` (the state records) after its events; with
     /// exactly-once, opens the next one. Blocking; the caller has sealed the [`Gate`].
     ///
-    /// On a retriable error nothing of it is committed: the transaction is aborted (now, or
-    /// at the next call if the broker does not answer) and its events are produced again in
-    /// the next one; the caller writes its state records again later.
+    /// A commit that did not finish in time is finished first (its own state records with
+    /// it); `records` then go into the next transaction. On any other error that is not fatal
+    /// nothing of it is committed: the transaction is aborted (now, or at the next call if the
+    /// broker does not answer) and its events are produced again in the next one. On `Err` the
+    /// caller writes its state records again later (they are whole states: writing one twice
+    /// is harmless).
     pub fn commit(&self, records: &[Record]) -> Result<(), TxnError> {
         let mut inner = self.lock();
+        if inner.state == State::Abandoned {
+            return Err(TxnError::Fatal(format!(
+                "{}: the transaction was abandoned; nothing more is committed",
+                self.what
+            )));
+        }
+        if inner.state == State::Committing {
+            match self.producer.commit_transaction(TIMEOUT) {
+                Ok(()) => {
+                    let n = inner.committing;
+                    self.committed(&mut inner, n);
+                    debug!("{}: the commit that had timed out finished", self.what);
+                }
+                Err(e) => return Err(self.commit_failed(&mut inner, &e)),
+            }
+        }
         self.ready(&mut inner)?;
-        let committed = records.iter().try_for_each(|r| produce_blocking(&self.producer, r));
-        let committed = committed.and_then(|()| self.producer.commit_transaction(TIMEOUT));
-        match committed {
+        if let Err(e) = records.iter().try_for_each(|r| produce_blocking(&self.producer, r)) {
+            inner.state = State::MustAbort;
+            return Err(self.abort_soon(&mut inner, self.failure(&e)));
+        }
+        match self.producer.commit_transaction(TIMEOUT) {
             Ok(()) => {
-                outcome("committed");
-                metrics::get().transaction_events.set(0);
-                self.committed_events.fetch_add(inner.events.len() as u64, Ordering::Relaxed);
-                inner.events.clear();
-                inner.events.shrink_to(1024);
-                inner.event_bytes = 0;
-                inner.asked_early = false;
-                inner.state = State::Idle;
+                let n = inner.events.len();
+                self.committed(&mut inner, n);
                 if self.exactly_once {
                     self.reopen(&mut inner)?;
                 }
                 Ok(())
             }
             Err(e) => {
-                let err = self.failure(&e);
-                inner.state = State::MustAbort;
-                if matches!(err, TxnError::Fatal(_) | TxnError::Poison(_)) {
-                    return Err(err);
-                }
-                // Abort now (the events go out again at once); if the broker does not answer,
-                // the next commit aborts first.
-                if let Err(again) = self.ready(&mut inner) {
-                    if matches!(again, TxnError::Fatal(_) | TxnError::Poison(_)) {
-                        return Err(again);
-                    }
-                    warn!(error = %again, "{}: the failed transaction is aborted at the next commit", self.what);
-                }
-                Err(err)
+                inner.committing = inner.events.len();
+                Err(self.commit_failed(&mut inner, &e))
             }
         }
+    }
+
+    /// The first `n` events (and the state records with them) are committed.
+    fn committed(&self, inner: &mut Inner, n: usize) {
+        outcome("committed");
+        self.committed_events.fetch_add(n as u64, Ordering::Relaxed);
+        inner.events.drain(..n);
+        inner.events.shrink_to(1024);
+        inner.event_bytes = inner.events.iter().map(Record::size).sum();
+        metrics::get().transaction_events.set(inner.events.len() as i64);
+        inner.asked_early = false;
+        inner.committing = 0;
+        inner.state = State::Idle;
+    }
+
+    /// `commit_transaction` failed with `e`: call it again next time if librdkafka says so
+    /// (it timed out; the transaction need not be aborted), else abort. The wrapper flushes
+    /// first: a flush that timed out left the transaction whole and open, so it is committed
+    /// again too.
+    fn commit_failed(&self, inner: &mut Inner, e: &KafkaError) -> TxnError {
+        let err = self.failure(e);
+        let again = match e {
+            KafkaError::Transaction(t) => t.is_retriable() && !t.txn_requires_abort(),
+            KafkaError::Flush(code) => *code == RDKafkaErrorCode::OperationTimedOut,
+            _ => false,
+        };
+        if again && matches!(err, TxnError::Retriable(_)) {
+            inner.state = State::Committing;
+            outcome("commit_pending");
+            warn!(
+                error = %e,
+                events = inner.committing,
+                "{}: the commit did not finish in time; it is finished before the next one (not aborted, not sent again)",
+                self.what
+            );
+            return err;
+        }
+        inner.state = State::MustAbort;
+        self.abort_soon(inner, err)
+    }
+
+    /// In `MustAbort` after `err`: aborts now unless `err` is fatal (the events go out again
+    /// at once); if the broker does not answer, the next commit aborts first.
+    fn abort_soon(&self, inner: &mut Inner, err: TxnError) -> TxnError {
+        if matches!(err, TxnError::Fatal(_) | TxnError::Poison(_)) {
+            return err;
+        }
+        if let Err(again) = self.ready(inner) {
+            if matches!(again, TxnError::Fatal(_) | TxnError::Poison(_)) {
+                return again;
+            }
+            warn!(error = %again, "{}: the failed transaction is aborted at the next commit", self.what);
+        }
+        err
+    }
+
+    /// Aborts the open transaction for good: it may hold records no state covers (an event
+    /// sent but never acknowledged, or one record of an event's two). Nothing more is sent
+    /// or committed by this process. A transaction whose commit is pending is left to finish
+    /// or not: its own state covers exactly its events. Blocking (at most a few seconds).
+    pub fn abandon(&self) {
+        let mut inner = self.lock();
+        if matches!(inner.state, State::Open | State::MustAbort) {
+            match self.producer.abort_transaction(ABANDON_TIMEOUT) {
+                Ok(()) => outcome("aborted"),
+                Err(e) => warn!(
+                    error = %e,
+                    "{}: the abandoned transaction could not be aborted now; the broker aborts it when the next process takes over (or after transaction.timeout.ms)",
+                    self.what
+                ),
+            }
+        }
+        if inner.state != State::Abandoned {
+            warn!(
+                events = inner.events.len(),
+                "{}: transaction abandoned: an event sent into it was not acknowledged; nothing of it is committed, the restart sends it again",
+                self.what
+            );
+        }
+        inner.state = State::Abandoned;
+        inner.events = Vec::new();
+        inner.event_bytes = 0;
+        metrics::get().transaction_events.set(0);
     }
 
     /// Brings the transaction to `Open` (exactly-once) or `Idle`-then-begun (state only):

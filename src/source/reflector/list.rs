@@ -139,15 +139,22 @@ impl Reflector {
     }
 
     /// A consistent, paginated LIST, diffed page by page (objects are not all held at once).
-    /// A 410 on a continue token restarts from the first page. Returns the list's
-    /// resourceVersion.
+    /// A 410 on a continue token (the apiserver compacted the list's resourceVersion before
+    /// its last page: on a large list or a busy etcd, every new start could expire too) is
+    /// answered as client-go's pager does: the list starts over as one unpaginated request,
+    /// which always finishes (it holds one response of all objects at once). Returns the
+    /// list's resourceVersion.
     async fn paginated_list(&mut self, list: &mut ListDiff) -> Result<Result<String, Closed>, kube::Error> {
         let api = self.target().api.clone();
         let mut token: Option<String> = None;
+        let mut paginated = true;
+        let mut pages = 0u32;
         loop {
             let (label_selector, field_selector) = self.spec.selectors();
-            let mut lp =
-                ListParams { label_selector, field_selector, ..ListParams::default().limit(self.spec.page_size) };
+            let mut lp = ListParams { label_selector, field_selector, ..ListParams::default() };
+            if paginated {
+                lp = lp.limit(self.spec.page_size);
+            }
             if let Some(t) = &token {
                 lp = lp.continue_token(t);
             }
@@ -155,13 +162,21 @@ impl Reflector {
             let page = match api.list(&lp).await {
                 Ok(p) => p,
                 Err(e) if token.is_some() && is_gone(&e) => {
-                    info!(stream = %self.spec.name, "continue token expired; restarting the list");
+                    warn!(
+                        stream = %self.spec.name,
+                        pages,
+                        objects = list.seen.len(),
+                        "continue token expired (the apiserver compacted the list's resourceVersion); listing again in one unpaginated request"
+                    );
+                    self.metrics.full_lists.inc();
                     token = None;
+                    paginated = false;
                     list.seen.clear();
                     continue;
                 }
                 Err(e) => return Err(e),
             };
+            pages += 1;
             for obj in page.items {
                 if self.diff_item(list, obj).await.is_err() {
                     return Ok(Err(Closed));

@@ -93,6 +93,7 @@ pub struct Reflector {
 /// The stream's counters (`src/metrics.rs`), resolved once.
 pub(super) struct ReflectorMetrics {
     pub(super) relists: Counter,
+    pub(super) full_lists: Counter,
     pub(super) gone: Counter,
     pub(super) resync_events: Counter,
     pub(super) watch_restarts: Counter,
@@ -129,6 +130,7 @@ impl Reflector {
                 let name = &spec_name;
                 ReflectorMetrics {
                     relists: crate::observe::metrics::stream_counter(&m.relists, name),
+                    full_lists: crate::observe::metrics::stream_counter(&m.full_lists, name),
                     gone: crate::observe::metrics::stream_counter(&m.gone, name),
                     resync_events: crate::observe::metrics::stream_counter(&m.resync_events, name),
                     watch_restarts: crate::observe::metrics::stream_counter(&m.watch_restarts, name),

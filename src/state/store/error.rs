@@ -36,6 +36,12 @@ pub enum CheckpointError {
     Fenced { what: String, why: String },
     #[error("{what}: {cause}")]
     Broker { what: String, cause: String },
+    /// Exactly-once: the delivery stopped between an event's send and its acknowledgement, so
+    /// the open transaction holds what no state covers: it was aborted, not committed.
+    #[error(
+        "{what}: an event was sent into the open transaction but never acknowledged (the delivery stopped before it); the transaction is aborted, not committed, and everything since the last commit is sent again after the restart"
+    )]
+    Abandoned { what: String },
     /// The store is set up in a way kubecast cannot keep state in, or (exactly-once) a
     /// transaction holds a record no retry can deliver (not retried: the process stops).
     #[error("{what}: {why}")]
@@ -45,6 +51,13 @@ pub enum CheckpointError {
 impl CheckpointError {
     /// Whether retrying the write can help (else the process stops).
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Self::Fenced { .. } | Self::OtherCluster { .. } | Self::Locked { .. } | Self::Unusable { .. })
+        matches!(
+            self,
+            Self::Fenced { .. }
+                | Self::OtherCluster { .. }
+                | Self::Locked { .. }
+                | Self::Unusable { .. }
+                | Self::Abandoned { .. }
+        )
     }
 }

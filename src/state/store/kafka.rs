@@ -117,6 +117,13 @@ impl KafkaStore {
         self.written.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Exactly-once: aborts the open transaction for good (an event sent into it was not
+    /// acknowledged); nothing more is committed by this process.
+    pub async fn abandon(&self) {
+        let txn = self.txn.clone();
+        tokio::task::spawn_blocking(move || txn.abandon()).await.expect("transaction abort task");
+    }
+
     /// Reads the topic to its end (committed records only) and folds it.
     pub async fn load(&self, keys: &[StreamKey]) -> Result<Vec<Option<Position>>, CheckpointError> {
         let (client, topic, keys, owner) = (self.client.clone(), self.topic.clone(), keys.to_vec(), self.owner.clone());

@@ -92,6 +92,14 @@ impl Store {
         }
     }
 
+    /// Exactly-once into Kafka: aborts the open transaction for good, because the gate is
+    /// broken (an event was sent into it and not acknowledged). Nothing for other stores.
+    pub async fn abandon(&self) {
+        if let Store::Kafka(k) = self {
+            k.abandon().await;
+        }
+    }
+
     /// Exactly-once into Kafka: notified when the open transaction should be committed before
     /// the next interval (it holds many events).
     pub fn commit_soon(&self) -> Option<Arc<tokio::sync::Notify>> {

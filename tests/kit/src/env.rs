@@ -135,3 +135,48 @@ impl Drop for Stopped {
         env_script(&["up", self.0]);
     }
 }
+
+/// A shared server paused (SIGSTOP: its connections stay open, nothing answers) by a test.
+/// The pause is bounded twice: dropping this resumes it (SIGCONT; also when the test fails),
+/// and a watchdog process of its own resumes it after `at_most` whatever happens to the test
+/// process (killed, hung).
+pub struct Paused {
+    pid: String,
+    watchdog: Option<std::process::Child>,
+}
+
+impl Paused {
+    /// Pauses `service` (`kafka`, `nats`, ...) of the main environment: its pid is in
+    /// `<state>/<service>/pid`, next to the env file.
+    pub fn now(service: &str, at_most: std::time::Duration) -> Self {
+        use std::os::unix::process::CommandExt;
+        let file = env_file().parent().expect("the env file's directory").join(service).join("pid");
+        let pid = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())).trim().to_string();
+        assert!(pid.parse::<u32>().is_ok(), "{}: not a pid: {pid:?}", file.display());
+        // First the watchdog, in a process group of its own (not signalled with the test's).
+        let watchdog = Command::new("sh")
+            .args(["-c", &format!("sleep {}; kill -CONT {pid}", at_most.as_secs().max(1))])
+            .process_group(0)
+            .spawn()
+            .expect("pause watchdog");
+        signal(&pid, "STOP");
+        Self { pid, watchdog: Some(watchdog) }
+    }
+}
+
+fn signal(pid: &str, sig: &str) {
+    let status = Command::new("kill").args([&format!("-{sig}"), pid]).status().expect("kill");
+    assert!(status.success(), "kill -{sig} {pid} failed");
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.pid]).status();
+        if let Some(w) = self.watchdog.take() {
+            // The whole group: the shell and its sleep.
+            let mut w = w;
+            let _ = Command::new("kill").args(["-TERM", "--", &format!("-{}", w.id())]).status();
+            let _ = w.wait();
+        }
+    }
+}

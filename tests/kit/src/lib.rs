@@ -25,7 +25,7 @@ pub use cluster::{
     unique, wait_until_expired,
 };
 pub use env::{
-    Env, Stopped, compacting_kubeconfig, compacting_up, env, env_file, env_script, env_up, env_var, kubeconfig, repo_root,
+    Env, Paused, Stopped, compacting_kubeconfig, compacting_up, env, env_file, env_script, env_up, env_var, kubeconfig, repo_root,
 };
 pub use process::{Kubecast, bin, set_bin};
 pub use sink::{about, pretty, read_events, verb};
