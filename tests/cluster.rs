@@ -299,11 +299,19 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     // A crash: the active kubecast SIGKILLed (no final checkpoint, the Lease not given up): the
     // standby takes over once the Lease expires; the kubelet restarts the killed container.
     let leader = r.one_leader().await;
+    let restarts = |pod: &str| r.pods().into_iter().find(|p| p.name == pod).map_or(0, |p| p.restarts);
+    let before = restarts(&leader);
     let watch = Publishers::start(&r.ns.name, Release::selector());
     assert!(node::kill9_pod(&leader), "the kubecast process of {leader} found and killed");
+    // The new leader: the standby, or the killed pod's restarted container (both wait for the
+    // Lease to expire: the restarted process is another identity).
     let deadline = std::time::Instant::now() + WAIT;
-    while r.leaders().first() == Some(&leader) || r.leaders().len() != 1 {
-        assert!(std::time::Instant::now() < deadline, "no other leader after the crash: {:?}", r.pods());
+    loop {
+        let l = r.leaders();
+        if l.len() == 1 && (l[0] != leader || restarts(&leader) > before) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no new leader after the crash: {l:?}, {:?}", r.pods());
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert!(traffic.flowing(50, WAIT).await, "events flow after the crash: {}", r.logs());

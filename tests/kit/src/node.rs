@@ -200,6 +200,7 @@ impl Publishers {
         let thread = std::thread::spawn(move || {
             let mut last: BTreeMap<String, f64> = BTreeMap::new();
             let mut baseline = true;
+            let mut restarted: BTreeMap<String, usize> = BTreeMap::new();
             let mut ips: Vec<(String, String)> = Vec::new();
             let mut listed = Instant::now() - Duration::from_secs(5);
             let mut out = Vec::new();
@@ -213,9 +214,17 @@ impl Publishers {
                 for (name, ip) in &ips {
                     let Some(m) = metrics(ip) else { continue };
                     let n = sum(&m, "kubecast_events_published_total");
-                    let before = last.insert(name.clone(), n).unwrap_or(0.0);
+                    let mut before = last.insert(name.clone(), n).unwrap_or(0.0);
+                    if n < before {
+                        // The container restarted: a new process, counting from 0.
+                        before = 0.0;
+                        *restarted.entry(name.clone()).or_insert(0) += 1;
+                    }
                     if n > before && !baseline {
-                        publishing.push(name.clone());
+                        publishing.push(match restarted.get(name) {
+                            Some(k) => format!("{name} (restart {k})"),
+                            None => name.clone(),
+                        });
                     }
                 }
                 baseline = false;
