@@ -209,7 +209,7 @@ fn one_publisher(p: &Publishing, what: &str) {
 }
 
 fn report(what: &str, v: &Verdict) {
-    println!("{what}: {} changes written, {} events read, {} duplicates", v.written, v.seen, v.duplicates);
+    println!("{what}: {} changes written, {} events read, {} duplicates", v.written.count(), v.seen, v.duplicates);
 }
 
 /// Each pod mounts the ConfigMap its own template names, and that ConfigMap holds the config

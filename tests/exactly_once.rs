@@ -8,18 +8,14 @@
 
 use kubecast_kit as common;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::traffic::{Delivery, Source, Traffic, Written};
 use common::{Kubecast, TestNamespace, client};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use serde_json::{Value, json};
+use kube::api::Api;
+use rdkafka::ClientConfig;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -28,64 +24,6 @@ static BROKER: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
     BROKER.read().unwrap_or_else(|e| e.into_inner())
-}
-
-/// One event as a `read_committed` consumer sees it.
-#[derive(Debug, Clone)]
-struct Seen {
-    id: String,
-    uid: String,
-    verb: String,
-    name: String,
-    rv: u64,
-}
-
-/// Reads `topic` (every partition, from the beginning) with `isolation.level =
-/// read_committed` into `out`, until `stop` is set.
-fn committed_reader(topic: String, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<std::sync::atomic::AtomicBool>) {
-    tokio::spawn(async move {
-        let consumer: StreamConsumer = ClientConfig::new()
-            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
-            .set("group.id", common::unique("eos-verify"))
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .set("topic.metadata.refresh.interval.ms", "500")
-            .create()
-            .expect("consumer");
-        let partitions = loop {
-            if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            if let Ok(md) = consumer.fetch_metadata(Some(&topic), Duration::from_secs(2))
-                && let Some(t) =
-                    md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-            {
-                break t.partitions().len() as i32;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        };
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
-        }
-        consumer.assign(&tpl).unwrap();
-        let mut stream = consumer.stream();
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {
-                continue;
-            };
-            let e: Value = serde_json::from_slice(m.payload().expect("payload")).expect("a structured event");
-            let verb = e["type"].as_str().unwrap().rsplit('.').next().unwrap().to_string();
-            let meta = &e["data"]["metadata"];
-            out.lock().unwrap().push(Seen {
-                id: e["id"].as_str().unwrap().to_string(),
-                uid: meta["uid"].as_str().unwrap().to_string(),
-                verb,
-                name: meta["name"].as_str().unwrap().to_string(),
-                rv: meta["resourceVersion"].as_str().unwrap().parse().unwrap(),
-            });
-        }
-    });
 }
 
 /// The config, the `[sink]` section and the `[checkpoint]` lines of an exactly-once run.
@@ -109,178 +47,28 @@ fn setup(ns: &str, topic: &str, state: &str, extra: &str) -> Setup {
     }
 }
 
-/// What the load wrote: per uid, the resourceVersions of its creates and updates, and
-/// whether it was deleted.
-#[derive(Default, Debug)]
-struct Written {
-    changes: BTreeMap<String, Vec<u64>>,
-    deleted: Vec<String>,
+/// A `read_committed` consumer of `topic` (a read of the committed transactions only).
+fn committed(topic: &str) -> Source {
+    Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.to_string(), read_committed: true }
 }
 
-/// Creates, updates and deletes ConfigMaps among `names` at about `per_second`, until `stop`.
-async fn load(
-    api: Api<ConfigMap>,
-    names: usize,
-    per_second: u64,
-    written: Arc<Mutex<Written>>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-) {
-    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut rnd = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
-    let mut live: HashMap<String, String> = HashMap::new();
-    let mut tick = tokio::time::interval(Duration::from_millis(1000 / per_second));
-    let mut n = 0u64;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        tick.tick().await;
-        n += 1;
-        let name = format!("cm-{}", rnd() % names as u64);
-        match live.get(&name).cloned() {
-            None => {
-                let cm: ConfigMap = serde_json::from_value(json!({
-                    "metadata": {"name": name}, "data": {"n": n.to_string()}
-                }))
-                .unwrap();
-                if let Ok(c) = api.create(&PostParams::default(), &cm).await {
-                    let uid = c.metadata.uid.unwrap();
-                    let rv = c.metadata.resource_version.unwrap().parse().unwrap();
-                    written.lock().unwrap().changes.entry(uid.clone()).or_default().push(rv);
-                    live.insert(name, uid);
-                }
-            }
-            Some(uid) if rnd() % 10 < 7 => {
-                let patch = json!({"data": {"n": n.to_string()}});
-                if let Ok(c) =
-                    api.patch(&name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await
-                {
-                    let rv = c.metadata.resource_version.unwrap().parse().unwrap();
-                    written.lock().unwrap().changes.entry(uid).or_default().push(rv);
-                }
-            }
-            Some(uid) => {
-                if api.delete(&name, &DeleteParams::default()).await.is_ok() {
-                    written.lock().unwrap().deleted.push(uid);
-                    live.remove(&name);
-                }
-            }
-        }
-    }
-}
+/// A `read_committed` reader of `topic` and ~50 changes per second on `names` ConfigMaps of
+/// `api`'s namespace, until [`Eos::finish`], which checks exactly-once.
+struct Eos(Traffic);
 
-/// Every change exactly once, per object in apiserver order, and the view equals the
-/// apiserver's list.
-fn check_exactly_once(seen: &[Seen], written: &Written, now: &BTreeMap<String, u64>) {
-    let mut ids: HashMap<&str, usize> = HashMap::new();
-    for s in seen {
-        *ids.entry(&s.id).or_default() += 1;
-    }
-    let dups: Vec<_> = ids.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(
-        dups.is_empty(),
-        "{} ids seen more than once (of {} events): {:?}",
-        dups.len(),
-        seen.len(),
-        &dups[..dups.len().min(10)]
-    );
-    // Per object: its creates and updates, in the order written, then its delete.
-    let mut per_uid: BTreeMap<&str, Vec<&Seen>> = BTreeMap::new();
-    for s in seen {
-        per_uid.entry(&s.uid).or_default().push(s);
-    }
-    for (uid, rvs) in &written.changes {
-        let got: Vec<u64> =
-            per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb != "deleted").map(|s| s.rv).collect();
-        assert_eq!(&got, rvs, "object {uid}: the changes written, each once, in order");
-        let deletes = per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb == "deleted").count();
-        let deleted = written.deleted.contains(uid);
-        assert_eq!(deletes, usize::from(deleted), "object {uid}: deleted {deleted}, delete events {deletes}");
-        if deleted {
-            assert_eq!(per_uid[uid.as_str()].last().unwrap().verb, "deleted", "object {uid}: the delete comes last");
-        }
-    }
-    // (A namespace may get other ConfigMaps, e.g. kube-root-ca.crt when a controller manager
-    // runs: only the load's own objects, named cm-*, are counted.)
-    let own = per_uid.values().filter(|evs| evs.iter().all(|s| s.name.starts_with("cm-"))).count();
-    assert_eq!(own, written.changes.len(), "events only of objects the test wrote");
-    // The view a consumer builds equals the apiserver's list. Kept per uid: only an object's
-    // own events are in order (one partition); a name deleted and created again has two uids,
-    // whose events may sit in two partitions.
-    let mut last: HashMap<&str, &Seen> = HashMap::new();
-    for s in seen {
-        last.insert(&s.uid, s);
-    }
-    let view: BTreeMap<String, u64> =
-        last.values().filter(|s| s.verb != "deleted").map(|s| (s.name.clone(), s.rv)).collect();
-    assert_eq!(&view, now, "the view rebuilt from the committed events is the apiserver's list");
-}
-
-async fn listed(api: &Api<ConfigMap>) -> BTreeMap<String, u64> {
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|c| (c.metadata.name.unwrap(), c.metadata.resource_version.unwrap().parse().unwrap()))
-        .collect()
-}
-
-/// Waits until the consumer saw every change written (or `WAIT`), then a little longer for
-/// anything beyond them.
-async fn settle(seen: &Arc<Mutex<Vec<Seen>>>, written: &Arc<Mutex<Written>>) {
-    let want = {
-        let w = written.lock().unwrap();
-        w.changes.values().map(Vec::len).sum::<usize>() + w.deleted.len()
-    };
-    let deadline = Instant::now() + WAIT;
-    while seen.lock().unwrap().len() < want && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(3)).await;
-}
-
-/// A `read_committed` reader of `topic` and a load on `api`'s ConfigMaps, running until
-/// [`Traffic::finish`], which checks exactly-once.
-struct Traffic {
-    api: Api<ConfigMap>,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    load_stop: Arc<std::sync::atomic::AtomicBool>,
-    written: Arc<Mutex<Written>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    loader: tokio::task::JoinHandle<()>,
-}
-
-impl Traffic {
-    /// ~50 changes per second on `names` ConfigMaps.
+impl Eos {
     fn start(api: &Api<ConfigMap>, topic: &str, names: usize) -> Self {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let load_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let written = Arc::new(Mutex::new(Written::default()));
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        committed_reader(topic.to_string(), seen.clone(), stop.clone());
-        let loader = tokio::spawn(load(api.clone(), names, 50, written.clone(), load_stop.clone()));
-        Self { api: api.clone(), stop, load_stop, written, seen, loader }
+        Self(Traffic::start(api, committed(topic), names, 50))
     }
 
     fn seen(&self) -> usize {
-        self.seen.lock().unwrap().len()
+        self.0.seen()
     }
 
-    /// Stops the load, waits for the reader to see every change, checks exactly-once; the
-    /// changes written.
+    /// Stops the load, waits for the reader to see every change, checks exactly-once; what
+    /// the load wrote.
     async fn finish(self) -> Written {
-        self.load_stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.loader.await.unwrap();
-        settle(&self.seen, &self.written).await;
-        let now = listed(&self.api).await;
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        let seen = self.seen.lock().unwrap().clone();
-        let written = std::mem::take(&mut *self.written.lock().unwrap());
-        check_exactly_once(&seen, &written, &now);
-        written
+        self.0.finish(Delivery::ExactlyOnce, WAIT).await.written
     }
 }
 
@@ -295,7 +83,7 @@ async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_
     let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
     kc.wait_log("list complete", 1).await;
 
-    let traffic = Traffic::start(&api, &topic, 200);
+    let traffic = Eos::start(&api, &topic, 200);
 
     // SIGKILL at pseudo-random moments (0.3 to 2.3 s after the restart's first commit could
     // have happened), restarting each time.
@@ -336,7 +124,7 @@ async fn a_paused_old_leader_and_a_failover_stay_exactly_once() {
     let mut b = Kubecast::start_with_sink(&config, &s.sink, &s.checkpoint, &[]);
     b.wait_log("standby: another process holds the lease", 1).await;
 
-    let traffic = Traffic::start(&api, &topic, 50);
+    let traffic = Eos::start(&api, &topic, 50);
 
     tokio::time::sleep(Duration::from_secs(3)).await;
     a.signal("STOP");
@@ -368,7 +156,7 @@ async fn a_broker_restart_in_the_middle_of_a_transaction_stays_exactly_once() {
     let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
     kc.wait_log("list complete", 1).await;
 
-    let traffic = Traffic::start(&api, &topic, 100);
+    let traffic = Eos::start(&api, &topic, 100);
     // Some transactions committed before the outage.
     let deadline = Instant::now() + WAIT;
     while traffic.seen() < 50 {
@@ -400,7 +188,7 @@ async fn a_commit_that_times_out_is_finished_when_the_broker_answers_again() {
     let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
     kc.wait_log("list complete", 1).await;
 
-    let traffic = Traffic::start(&api, &topic, 50);
+    let traffic = Eos::start(&api, &topic, 50);
     let deadline = Instant::now() + WAIT;
     while traffic.seen() < 50 {
         assert!(
@@ -461,7 +249,7 @@ async fn a_record_no_retry_delivers_stops_kubecast_and_is_sent_after_the_fix() {
     admin.create_topics(&[new], &rdkafka::admin::AdminOptions::new()).await.unwrap().remove(0).unwrap();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Vec::new()));
-    committed_reader(topic.clone(), seen.clone(), stop.clone());
+    common::traffic::reader(committed(&topic), seen.clone(), stop.clone());
     kc.restart(&[]);
     let deadline = Instant::now() + WAIT;
     while seen.lock().unwrap().len() < 3 {

@@ -216,7 +216,8 @@ pub enum Delivery {
 /// What a finished [`Traffic`] found.
 #[derive(Debug)]
 pub struct Verdict {
-    pub written: usize,
+    /// What the load wrote.
+    pub written: Written,
     pub seen: usize,
     pub duplicates: usize,
     /// Every event read, in the order read.
@@ -224,7 +225,7 @@ pub struct Verdict {
 }
 
 /// Checks `seen` against `written` and the apiserver's list `now`; panics naming what is wrong.
-pub fn judge(seen: &[Seen], written: &Written, now: &BTreeMap<String, u64>, delivery: Delivery) -> Verdict {
+pub fn judge(seen: &[Seen], written: Written, now: &BTreeMap<String, u64>, delivery: Delivery) -> Verdict {
     let mut first: HashMap<&str, usize> = HashMap::new();
     let mut unique = Vec::with_capacity(seen.len());
     for s in seen {
@@ -273,7 +274,7 @@ pub fn judge(seen: &[Seen], written: &Written, now: &BTreeMap<String, u64>, deli
     let view: BTreeMap<String, u64> =
         last.values().filter(|s| s.verb != "deleted").map(|s| (s.name.clone(), s.rv)).collect();
     assert_eq!(&view, now, "the view rebuilt from the events is the apiserver's list");
-    Verdict { written: written.count(), seen: seen.len(), duplicates, events: seen.to_vec() }
+    Verdict { written, seen: seen.len(), duplicates, events: seen.to_vec() }
 }
 
 /// The ConfigMaps of `api`'s namespace: name -> resourceVersion.
@@ -351,7 +352,7 @@ impl Traffic {
         self.stop.store(true, Ordering::Relaxed);
         let seen = self.seen.lock().unwrap().clone();
         let written = std::mem::take(&mut *self.written.lock().unwrap());
-        judge(&seen, &written, &now, delivery)
+        judge(&seen, written, &now, delivery)
     }
 }
 
