@@ -197,9 +197,16 @@ fn no_second_snapshot(events: &[common::traffic::Seen]) {
     }
 }
 
+/// A figure for the test output, also when the test passes (the harness captures `println!`):
+/// the handover gaps are this suite's measurements.
+fn figure(line: String) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "[cluster] {line}");
+}
+
 /// Never two publishers longer than one sampling interval (a handover's boundary).
 fn one_publisher(p: &Publishing, what: &str) {
-    println!("{what}: publishers {:?}; handovers (old -> new, gap): {:?}", p.publishers, p.handovers);
+    figure(format!("{what}: publishers {:?}; handovers (old -> new, gap): {:?}", p.publishers, p.handovers));
     assert!(
         p.overlap_intervals <= 1,
         "{what}: {:?} published at once for {} x 100 ms",
@@ -209,7 +216,12 @@ fn one_publisher(p: &Publishing, what: &str) {
 }
 
 fn report(what: &str, v: &Verdict) {
-    println!("{what}: {} changes written, {} events read, {} duplicates", v.written.count(), v.seen, v.duplicates);
+    figure(format!(
+        "{what}: {} changes written, {} events read, {} duplicates",
+        v.written.count(),
+        v.seen,
+        v.duplicates
+    ));
 }
 
 /// Each pod mounts the ConfigMap its own template names, and that ConfigMap holds the config
