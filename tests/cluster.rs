@@ -314,6 +314,7 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     let restarts = |pod: &str| r.pods().into_iter().find(|p| p.name == pod).map_or(0, |p| p.restarts);
     let before = restarts(&leader);
     let watch = Publishers::start(&r.ns.name, Release::selector());
+    let killed = std::time::Instant::now();
     assert!(node::kill9_pod(&leader), "the kubecast process of {leader} found and killed");
     // The new leader: the standby, or the killed pod's restarted container (both wait for the
     // Lease to expire: the restarted process is another identity).
@@ -328,7 +329,9 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     }
     assert!(traffic.flowing(50, WAIT).await, "events flow after the crash: {}", r.logs());
     node::rollout(&r.ns.name, "kubecast");
-    one_publisher(&watch.finish(), "active pod killed (crash)");
+    let p = watch.finish();
+    figure(format!("crash: the first event of the new leader {:?} after the kill", p.first_after(killed)));
+    one_publisher(&p, "active pod killed (crash)");
 
     let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
     report("install, upgrade, delete, drain, crash", &verdict);

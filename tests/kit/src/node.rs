@@ -188,6 +188,15 @@ pub struct Publishing {
     pub handovers: Vec<(String, String, Duration)>,
     /// Every pod that published at some point.
     pub publishers: Vec<String>,
+    /// The intervals sampled.
+    pub intervals: Vec<Interval>,
+}
+
+impl Publishing {
+    /// The time from `t` to the first interval after it in which a pod published.
+    pub fn first_after(&self, t: Instant) -> Option<Duration> {
+        self.intervals.iter().find(|i| i.at >= t && !i.publishing.is_empty()).map(|i| i.at.duration_since(t))
+    }
 }
 
 impl Publishers {
@@ -286,7 +295,7 @@ pub fn summarize(intervals: &[Interval]) -> Publishing {
             (_, [new, ..]) => current = Some((new.clone(), i.at)),
         }
     }
-    Publishing { overlap_intervals: best, overlap_pods: best_pods, handovers, publishers }
+    Publishing { overlap_intervals: best, overlap_pods: best_pods, handovers, publishers, intervals: intervals.to_vec() }
 }
 
 /// SIGKILLs the kubecast process of pod `pod` (found by its `POD_NAME` in /proc: the node's

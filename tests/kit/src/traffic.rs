@@ -27,6 +27,8 @@ pub struct Seen {
     pub verb: String,
     pub name: String,
     pub rv: u64,
+    /// `snapshot`, `watch` or `resync` (the `origin` extension).
+    pub origin: String,
     /// When the consumer read it.
     pub at: Instant,
 }
@@ -35,11 +37,12 @@ impl Seen {
     /// From a structured event (the JSON envelope), or from a binary one (`ce_*` / `ce-*`
     /// headers and the object as the body).
     fn parse(body: &[u8], header: impl Fn(&str) -> Option<String>) -> Option<Self> {
-        let (id, ty, data) = match header("id") {
-            Some(id) => (id, header("type")?, serde_json::from_slice::<Value>(body).ok()?),
+        let (id, ty, origin, data) = match header("id") {
+            Some(id) => (id, header("type")?, header("origin")?, serde_json::from_slice::<Value>(body).ok()?),
             None => {
                 let e: Value = serde_json::from_slice(body).ok()?;
-                (e["id"].as_str()?.to_string(), e["type"].as_str()?.to_string(), e["data"].clone())
+                let text = |k: &str| Some(e[k].as_str()?.to_string());
+                (text("id")?, text("type")?, text("origin")?, e["data"].clone())
             }
         };
         let meta = &data["metadata"];
@@ -49,6 +52,7 @@ impl Seen {
             verb: ty.rsplit('.').next()?.to_string(),
             name: meta["name"].as_str()?.to_string(),
             rv: meta["resourceVersion"].as_str()?.parse().ok()?,
+            origin,
             at: Instant::now(),
         })
     }
@@ -220,6 +224,8 @@ pub struct Verdict {
     pub written: Written,
     pub seen: usize,
     pub duplicates: usize,
+    /// Events of a relist after 410 Gone (`origin = resync`).
+    pub resyncs: usize,
     /// Every event read, in the order read.
     pub events: Vec<Seen>,
 }
@@ -248,7 +254,19 @@ pub fn judge(seen: &[Seen], written: Written, now: &BTreeMap<String, u64>, deliv
     for (uid, rvs) in &written.changes {
         let got: Vec<u64> =
             per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb != "deleted").map(|s| s.rv).collect();
-        assert_eq!(&got, rvs, "object {uid}: every change written, in apiserver order");
+        // After a relist (410 Gone: the watch history expired) an object's latest state comes as
+        // one `resync` event: the versions before it were never visible to anyone (documented in
+        // docs/guarantees.md). Only those may be missing.
+        let resynced = per_uid
+            .get(uid.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|s| s.origin == "resync")
+            .map(|s| s.rv)
+            .max()
+            .unwrap_or(0);
+        let want: Vec<u64> = rvs.iter().copied().filter(|rv| *rv >= resynced || got.contains(rv)).collect();
+        assert_eq!(got, want, "object {uid}: every change written, in apiserver order (resync at {resynced})");
         let deletes = per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb == "deleted").count();
         let deleted = written.deleted.contains(uid);
         assert_eq!(deletes, usize::from(deleted), "object {uid}: deleted {deleted}, delete events {deletes}");
@@ -274,7 +292,35 @@ pub fn judge(seen: &[Seen], written: Written, now: &BTreeMap<String, u64>, deliv
     let view: BTreeMap<String, u64> =
         last.values().filter(|s| s.verb != "deleted").map(|s| (s.name.clone(), s.rv)).collect();
     assert_eq!(&view, now, "the view rebuilt from the events is the apiserver's list");
-    Verdict { written, seen: seen.len(), duplicates, events: seen.to_vec() }
+    let resyncs = unique.iter().filter(|s| s.origin == "resync").count();
+    Verdict { written, seen: seen.len(), duplicates, resyncs, events: seen.to_vec() }
+}
+
+/// How many of the changes `written` no event in `seen` carries yet (a resync event of an
+/// object stands for its versions before it).
+fn missing(seen: &[Seen], written: &Written) -> usize {
+    let mut have: HashMap<&str, (std::collections::HashSet<u64>, u64, bool)> = HashMap::new();
+    for s in seen {
+        let e = have.entry(&s.uid).or_default();
+        if s.verb == "deleted" {
+            e.2 = true;
+        } else {
+            e.0.insert(s.rv);
+            if s.origin == "resync" {
+                e.1 = e.1.max(s.rv);
+            }
+        }
+    }
+    let empty = Default::default();
+    let changes: usize = written
+        .changes
+        .iter()
+        .map(|(uid, rvs)| {
+            let (got, resynced, _) = have.get(uid.as_str()).unwrap_or(&empty);
+            rvs.iter().filter(|rv| **rv >= *resynced && !got.contains(rv)).count()
+        })
+        .sum();
+    changes + written.deleted.iter().filter(|uid| !have.get(uid.as_str()).is_some_and(|e| e.2)).count()
 }
 
 /// The ConfigMaps of `api`'s namespace: name -> resourceVersion.
@@ -338,13 +384,12 @@ impl Traffic {
     pub async fn finish(mut self, delivery: Delivery, wait: Duration) -> Verdict {
         self.load_stop.store(true, Ordering::Relaxed);
         self.loader.take().expect("the load").await.unwrap();
-        let want = self.written.lock().unwrap().count();
         let deadline = Instant::now() + wait;
-        // Duplicates count towards `seen`: wait for the distinct ids.
-        let distinct = |seen: &Mutex<Vec<Seen>>| {
-            seen.lock().unwrap().iter().map(|s| s.id.as_str()).collect::<std::collections::HashSet<_>>().len()
-        };
-        while distinct(&self.seen) < want && Instant::now() < deadline {
+        loop {
+            let left = missing(&self.seen.lock().unwrap(), &self.written.lock().unwrap());
+            if left == 0 || Instant::now() > deadline {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         tokio::time::sleep(Duration::from_secs(3)).await;
