@@ -19,9 +19,9 @@ use common::{Kubecast, TestNamespace, client};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams};
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -49,23 +49,9 @@ fn committed_records(topic: String, out: Arc<Mutex<Vec<Rec>>>, stop: Arc<std::sy
             .set("enable.auto.commit", "false")
             .create()
             .expect("consumer");
-        let partitions = loop {
-            if stop.load(std::sync::atomic::Ordering::Relaxed) {
-                return;
-            }
-            if let Ok(md) = consumer.fetch_metadata(Some(&topic), Duration::from_secs(2))
-                && let Some(t) =
-                    md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-            {
-                break t.partitions().len() as i32;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        };
-        let mut tpl = TopicPartitionList::new();
-        for p in 0..partitions {
-            tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+        if !common::traffic::assign_from_beginning(&consumer, &topic, &stop).await {
+            return;
         }
-        consumer.assign(&tpl).unwrap();
         let mut stream = consumer.stream();
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
             let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {

@@ -146,23 +146,9 @@ async fn kafka_reader(brokers: String, topic: String, read_committed: bool, out:
         .set("topic.metadata.refresh.interval.ms", "500")
         .create()
         .expect("a Kafka consumer");
-    let partitions = loop {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        if let Ok(md) = consumer.fetch_metadata(Some(&topic), Duration::from_secs(2))
-            && let Some(t) =
-                md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-        {
-            break t.partitions().len() as i32;
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    };
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(&topic, p, Offset::Beginning).unwrap();
+    if !assign_from_beginning(&consumer, &topic, &stop).await {
+        return;
     }
-    consumer.assign(&tpl).unwrap();
     let mut stream = consumer.stream();
     while !stop.load(Ordering::Relaxed) {
         let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {
@@ -176,6 +162,29 @@ async fn kafka_reader(brokers: String, topic: String, read_committed: bool, out:
         let seen = Seen::parse(body, header).unwrap_or_else(|| panic!("not an event: {}", String::from_utf8_lossy(body)));
         out.lock().unwrap().push(seen);
     }
+}
+
+/// Assigns every partition of `topic` to `consumer`, from the beginning, once the topic
+/// exists; false when `stop` was set first.
+pub async fn assign_from_beginning(consumer: &StreamConsumer, topic: &str, stop: &AtomicBool) -> bool {
+    let partitions = loop {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        if let Ok(md) = consumer.fetch_metadata(Some(topic), Duration::from_secs(2))
+            && let Some(t) =
+                md.topics().iter().find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+        {
+            break t.partitions().len() as i32;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    true
 }
 
 async fn nats_reader(url: String, stream: String, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
