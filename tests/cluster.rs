@@ -35,6 +35,8 @@ enum Sink {
 /// load's), publishing to a topic (or stream) of its own.
 struct Release {
     ns: TestNamespace,
+    /// Every kubecast container's log, kept after its pod is gone.
+    _logs: node::LogKeeper,
     load: TestNamespace,
     topic: String,
     sink: Sink,
@@ -70,7 +72,9 @@ impl Release {
             common::create_cm(&client, &load.name, &format!("static-{i}"), json!({}), json!({"v": "0"})).await;
         }
         let topic = common::unique("cluster");
-        Self { ns, load, topic, sink }
+        let logs = node::LogKeeper::start(&ns.name, Self::selector());
+        eprintln!("[cluster] {topic}: the pods' logs are kept in {}", logs.dir.display());
+        Self { ns, load, topic, sink, _logs: logs }
     }
 
     fn api(&self, client: &kube::Client) -> Api<ConfigMap> {
@@ -102,6 +106,7 @@ impl Release {
             json!({
                 "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
                 "logFormat": "text",
+                "logLevel": "info,kubecast=debug",
                 "config": {
                     "cluster": {"name": self.topic},
                     "checkpoint": checkpoint,
@@ -262,7 +267,7 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     let first = r.one_leader().await;
     println!("installed: {} pods Ready, {first} leads", r.pods().len());
 
-    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
 
     // helm upgrade with another config, under load.
@@ -346,7 +351,7 @@ async fn nats_install_and_a_deleted_pod_lose_nothing() {
     let client = client().await;
     r.helm("install", &r.values(json!({}))).await;
     r.one_leader().await;
-    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
     // One replica: the Deployment's replacement resumes from the NATS key-value state.
     let pod = r.pods().remove(0).name;
@@ -415,7 +420,7 @@ async fn sidecar_in_three_replicas_one_active() {
     println!("sidecar: 3 replicas Ready, {leader} leads");
 
     let watch = Publishers::start(&r.ns.name, Release::selector());
-    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(100, WAIT).await, "events flow from the sidecars: {}", r.logs());
     let p = watch.finish();
     one_publisher(&p, "sidecar, 3 replicas");
@@ -433,7 +438,7 @@ async fn one_replica_to_two_with_the_lease_never_two_publishers() {
     let r = Release::new(Sink::Kafka { exactly_once: false }).await;
     let client = client().await;
     r.helm("install", &r.values(json!({}))).await;
-    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
 
     let watch = Publishers::start(&r.ns.name, Release::selector());
@@ -459,7 +464,7 @@ async fn exactly_once_through_a_rolling_upgrade_and_a_deleted_active_pod() {
     let ha = json!({"replicas": 2, "coordination": {"enabled": true}, "podDisruptionBudget": {"enabled": true}});
     r.helm("install", &r.values(ha.clone())).await;
     r.one_leader().await;
-    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
 
     let mut v2 = r.values(ha);
@@ -491,7 +496,7 @@ async fn an_oom_killed_pod_and_its_replacement_lose_nothing() {
         v
     };
     r.helm("install", &small("64Mi")).await;
-    let traffic = Traffic::start(&r.api(&client), r.source(), 20, RATE);
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
 
     // ~100 MB of objects, each kept in memory: more than 64 MiB.

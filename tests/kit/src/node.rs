@@ -318,3 +318,70 @@ pub fn kill9_pod(pod: &str) -> bool {
     }
     found
 }
+
+/// Keeps the log of every container of the pods of `ns` matching `selector`, from its start to
+/// its end, in `target/cluster-logs/NS/POD-RESTARTS.log`: a deleted, drained or killed pod's
+/// log stays for the failure that needs it. Stops when dropped.
+pub struct LogKeeper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub dir: PathBuf,
+}
+
+impl LogKeeper {
+    pub fn start(ns: &str, selector: &str) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let dir = repo_root().join("target/cluster-logs").join(ns);
+        std::fs::create_dir_all(&dir).expect("the log directory");
+        let (ns, selector, flag, out) = (ns.to_string(), selector.to_string(), stop.clone(), dir.clone());
+        std::thread::spawn(move || {
+            let mut followed = std::collections::HashSet::new();
+            let mut children = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let (ok, listed) = kubectl_try(&[
+                    "-n",
+                    &ns,
+                    "get",
+                    "pods",
+                    "-l",
+                    &selector,
+                    "-o",
+                    "jsonpath={range .items[*]}{.metadata.name} {.status.containerStatuses[?(@.name==\"kubecast\")].restartCount} {.status.containerStatuses[?(@.name==\"kubecast\")].state.running.startedAt}{\"\\n\"}{end}",
+                ]);
+                if ok {
+                    for line in listed.lines() {
+                        let f: Vec<&str> = line.split_whitespace().collect();
+                        // Running only: a container not started has no log to follow yet.
+                        if f.len() < 3 || !followed.insert((f[0].to_string(), f[1].to_string())) {
+                            continue;
+                        }
+                        let Ok(file) = std::fs::File::create(out.join(format!("{}-{}.log", f[0], f[1]))) else { continue };
+                        let child = Command::new(env_var("KUBECTL"))
+                            .env("KUBECONFIG", env_var("KUBECONFIG"))
+                            .args(["-n", &ns, "logs", "-f", f[0], "-c", "kubecast"])
+                            .stdout(file.try_clone().expect("a log file"))
+                            .stderr(file)
+                            .spawn();
+                        if let Ok(c) = child {
+                            children.push(c);
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            // Let the followers write what is buffered, then stop them.
+            std::thread::sleep(Duration::from_millis(500));
+            for mut c in children {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        });
+        Self { stop, dir }
+    }
+}
+
+impl Drop for LogKeeper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -275,7 +275,16 @@ pub fn judge(seen: &[Seen], written: Written, now: &BTreeMap<String, u64>, deliv
             .max()
             .unwrap_or(0);
         let want: Vec<u64> = rvs.iter().copied().filter(|rv| *rv >= resynced || got.contains(rv)).collect();
-        assert_eq!(got, want, "object {uid}: every change written, in apiserver order (resync at {resynced})");
+        if got != want {
+            // What a failure needs: each event's origin and version, and where the initial list
+            // of the stream was (a change before it may be invisible: see `Traffic::start_after`).
+            let events: Vec<_> =
+                per_uid.get(uid.as_str()).into_iter().flatten().map(|s| (s.verb.as_str(), s.origin.as_str(), s.rv)).collect();
+            let listed_at = unique.iter().filter(|s| s.origin == "snapshot").map(|s| s.rv).max();
+            panic!(
+                "object {uid}: every change written, in apiserver order (resync at {resynced})\n  got:  {got:?}\n  want: {want:?}\n  its events (verb, origin, rv): {events:?}\n  latest snapshot event of any object at rv {listed_at:?}"
+            );
+        }
         let deletes = per_uid.get(uid.as_str()).into_iter().flatten().filter(|s| s.verb == "deleted").count();
         let deleted = written.deleted.contains(uid);
         assert_eq!(deletes, usize::from(deleted), "object {uid}: deleted {deleted}, delete events {deletes}");
@@ -361,6 +370,36 @@ impl Traffic {
         let written = Arc::new(Mutex::new(Written::default()));
         let seen = Arc::new(Mutex::new(Vec::new()));
         reader(source, seen.clone(), stop.clone());
+        let loader = Some(tokio::spawn(load(api.clone(), names, per_second, written.clone(), load_stop.clone())));
+        Self { api: api.clone(), stop, load_stop, written, seen, loader }
+    }
+
+    /// As [`Traffic::start`], but the load starts only once the reader saw `first` events (the
+    /// objects that exist before: kubecast's initial list of them). A change made before that
+    /// list may be invisible to everyone (an object created and deleted before it, or changed
+    /// twice: the list shows the state, not the history), so the load waits for it.
+    pub async fn start_after(
+        api: &Api<ConfigMap>,
+        source: Source,
+        names: usize,
+        per_second: u64,
+        first: usize,
+        timeout: Duration,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        reader(source.clone(), seen.clone(), stop.clone());
+        let deadline = Instant::now() + timeout;
+        while seen.lock().unwrap().len() < first {
+            assert!(
+                Instant::now() < deadline,
+                "the reader of {source:?} saw {} of the {first} events of the initial list within {timeout:?}",
+                seen.lock().unwrap().len()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let load_stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(Mutex::new(Written::default()));
         let loader = Some(tokio::spawn(load(api.clone(), names, per_second, written.clone(), load_stop.clone())));
         Self { api: api.clone(), stop, load_stop, written, seen, loader }
     }
