@@ -115,7 +115,10 @@ pub async fn drain(d: Drain<'_>) {
     }
     let left =
         if stop_now.is_cancelled() { Duration::ZERO } else { deadline.saturating_duration_since(Instant::now()) };
-    if let Err(e) = sink.flush(left) {
+    // librdkafka's flush blocks its thread: on the blocking pool, not on a runtime thread.
+    let flushing = sink.clone();
+    let flushed = tokio::task::spawn_blocking(move || flushing.flush(left)).await.expect("producer flush task");
+    if let Err(e) = flushed {
         // Not acknowledged, so not in any checkpoint: sent again after the restart.
         warn!(error = %e, "not everything handed to the producer was delivered before the shutdown deadline");
     }

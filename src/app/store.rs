@@ -65,7 +65,14 @@ pub async fn open(
     let c = &config.checkpoint;
     loop {
         let opened = match c.store {
-            StoreKind::File => FileStore::open(&c.dir, owner.clone()).map(Store::File),
+            StoreKind::File => {
+                // Directory creation, lock and reads: on the blocking pool.
+                let (dir, owner) = (c.dir.clone(), owner.clone());
+                tokio::task::spawn_blocking(move || FileStore::open(&dir, owner))
+                    .await
+                    .expect("file store open task")
+                    .map(Store::File)
+            }
             StoreKind::Kafka => {
                 let client = kafka_client(config, sink)?;
                 let cfg = KafkaStoreConfig {

@@ -29,14 +29,24 @@ pub async fn write_changed(store: &Store, checkpoints: &[Arc<StreamCheckpoint>])
         store.abandon().await;
         return Err(CheckpointError::Abandoned { what: store.describe() });
     }
-    let mut deltas = Vec::new();
-    let mut which = Vec::new();
-    for (i, cp) in checkpoints.iter().enumerate() {
-        if let Some(d) = cp.take(store.wants_full(&cp.key)) {
-            deltas.push((cp.key.clone(), d));
-            which.push(i);
+    // The deltas: a full one copies the stream's whole index under its watermark's lock, on
+    // the blocking pool, so no runtime thread does the copy (the queue's acknowledgements wait
+    // on that lock only while it runs).
+    let full: Vec<bool> = checkpoints.iter().map(|cp| store.wants_full(&cp.key)).collect();
+    let taking = checkpoints.to_vec();
+    let (deltas, which) = tokio::task::spawn_blocking(move || {
+        let mut deltas = Vec::new();
+        let mut which = Vec::new();
+        for (i, (cp, full)) in taking.iter().zip(full).enumerate() {
+            if let Some(d) = cp.take(full) {
+                deltas.push((cp.key.clone(), d));
+                which.push(i);
+            }
         }
-    }
+        (deltas, which)
+    })
+    .await
+    .expect("checkpoint take task");
     match store.write(&deltas).await {
         Ok(()) => Ok(deltas.len()),
         Err(e) => {
