@@ -223,6 +223,51 @@ async fn a_commit_that_times_out_is_finished_when_the_broker_answers_again() {
     assert!(kc.stop().success(), "{}", kc.log());
 }
 
+/// The broker paused (SIGSTOP: connections stay open, nothing answers) for longer than the
+/// transaction timeout (60 s) in the middle of a transaction: the broker aborts that
+/// transaction itself once it runs again. kubecast sends its events again in a new one and
+/// stays exactly once, without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pause_longer_than_the_transaction_timeout_is_ridden_out_exactly_once() {
+    let _exclusive = BROKER.write().unwrap_or_else(|e| e.into_inner());
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-long-pause").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    let s = setup(&ns.name, &topic, &state, "");
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    kc.wait_log("list complete", 1).await;
+
+    let traffic = Eos::start(&api, &topic, 50);
+    let deadline = Instant::now() + WAIT;
+    while traffic.seen() < 50 {
+        assert!(Instant::now() < deadline, "no committed event before the pause:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    {
+        let _paused = common::Paused::now("kafka", Duration::from_secs(70));
+        // The whole pause: 70 s, past transaction.timeout.ms.
+        tokio::time::sleep(Duration::from_secs(70)).await;
+    }
+    let deadline = Instant::now() + WAIT;
+    let before = traffic.seen();
+    while traffic.seen() < before + 50 {
+        assert!(Instant::now() < deadline, "no commit after the pause:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(kc.exited().is_none(), "kubecast rode the pause out:\n{}", kc.log());
+    traffic.finish().await;
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let outcomes: Vec<&str> = metrics.lines().filter(|l| l.starts_with("kubecast_kafka_transactions_total{")).collect();
+    eprintln!("[exactly-once] transactions through a 70 s pause: {outcomes:?}");
+    assert!(
+        outcomes.iter().any(|l| !l.contains("\"committed\"")),
+        "the pause met a transaction (a commit that did not finish): {outcomes:?}\n{}",
+        kc.log()
+    );
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
 /// A record that no retry delivers (its topic does not exist and is not created) cannot be
 /// skipped: kubecast stops naming the topic, nothing is committed; once the topic exists, a
 /// restart delivers every change once.
