@@ -349,4 +349,26 @@ exactly_once = true
     assert!(err.contains("checkpoint.flush_interval_ms") && err.contains("30000"), "{err}");
     let (ok, _, err) = check(&format!("{eos}\n[checkpoint]\nstore = \"kafka\"\n"), &[]);
     assert!(ok, "the Kafka store on the sink's cluster: {err}");
+    // A commit waits for no rate limit: any rate and number in flight work with exactly-once.
+    let (ok, _, err) = check(
+        &format!("{eos}\n[checkpoint]\nstore = \"kafka\"\n[delivery]\nrate_per_second = 1\nmax_in_flight = 100000\n"),
+        &[],
+    );
+    assert!(ok, "a low rate limit and many events in flight: {err}");
+    // The transactional producer's properties are kubecast's.
+    for (property, says) in
+        [("transactional.id", "names its transactional producer itself"), ("transaction.timeout.ms", "60000")]
+    {
+        let (ok, _, err) = check(
+            &format!("{eos}[sink.kafka.properties]\n\"{property}\" = \"90000\"\n[checkpoint]\nstore = \"kafka\"\n"),
+            &[],
+        );
+        assert!(!ok, "{property}");
+        assert!(
+            err.contains(&format!("sink.kafka.properties.\"{property}\""))
+                && err.contains(says)
+                && err.contains("remove it"),
+            "{err}"
+        );
+    }
 }

@@ -318,3 +318,183 @@ async fn a_record_no_retry_delivers_stops_kubecast_and_is_sent_after_the_fix() {
     assert!(metrics.contains("kubecast_kafka_transaction_events "), "{metrics}");
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// `kubecast_kafka_transactions_total{outcome}` from `/metrics` (0 when not counted yet).
+fn transactions(metrics: &str, outcome: &str) -> f64 {
+    let prefix = format!("kubecast_kafka_transactions_total{{outcome=\"{outcome}\"}} ");
+    metrics.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0.0)
+}
+
+/// Names of the test's ConfigMaps that exist before kubecast starts.
+const LISTED: &str = "listed-";
+
+/// A rate limit of 5 events per second with up to 1000 events in flight, and 350 objects
+/// listed at once plus a load on top: sending the list alone takes 70 s, longer than the
+/// transaction timeout (60 s). Commits go on every 200 ms meanwhile (a commit waits only for
+/// sends in progress, never for the rate limit): each one commits, the broker aborts none, and
+/// a `read_committed` consumer sees every change once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_low_rate_limit_with_many_events_in_flight_never_pushes_a_commit_past_its_timeout() {
+    const OBJECTS: usize = 350;
+    const RATE: usize = 5;
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-rate").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    common::create_cms(&client, &ns.name, &common::names(LISTED, 0..OBJECTS)).await;
+    let limits = format!("[delivery]\nrate_per_second = {RATE}\nmax_in_flight = 1000\n");
+    let s = setup(&ns.name, &topic, &state, &limits);
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    kc.wait_log("list complete", 1).await;
+
+    let traffic = Traffic::start(&api, committed(&topic), 20, 2);
+    // Every listed object read back (at the rate limit, with a margin).
+    let deadline = Instant::now() + Duration::from_secs((OBJECTS / RATE) as u64) + WAIT;
+    loop {
+        let listed: std::collections::HashSet<String> =
+            traffic.events().into_iter().filter(|e| e.name.starts_with(LISTED)).map(|e| e.name).collect();
+        if listed.len() == OBJECTS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{} of {OBJECTS} listed objects read back:\n{}", listed.len(), kc.log());
+        assert!(kc.exited().is_none(), "kubecast exited:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let verdict = traffic.finish(Delivery::ExactlyOnce, WAIT).await;
+    assert!(verdict.written.count() > 20, "the load went on meanwhile: {:?}", verdict.written);
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let (committed, aborted, pending) = (
+        transactions(&metrics, "committed"),
+        transactions(&metrics, "aborted"),
+        transactions(&metrics, "commit_pending"),
+    );
+    assert!(committed > 100.0, "commits went on while the list was sent: {committed}");
+    assert!(
+        aborted == 0.0 && pending == 0.0,
+        "every commit committed: {aborted} aborted, {pending} pending (unless the shared broker was stopped or paused meanwhile)\n{}",
+        kc.log()
+    );
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
+/// One record of the dead-letter topic as a `read_committed` consumer sees it.
+#[derive(Debug, Clone)]
+struct DeadLetter {
+    id: String,
+    verb: String,
+    reason: String,
+    data_dropped: bool,
+}
+
+/// Reads every partition of the dead-letter topic from the beginning, `read_committed`, into
+/// `out` until `stop`.
+fn read_dead_letters(topic: String, out: Arc<Mutex<Vec<DeadLetter>>>, stop: Arc<std::sync::atomic::AtomicBool>) {
+    use futures::StreamExt;
+    use rdkafka::message::{Headers, Message};
+    tokio::spawn(async move {
+        let consumer: rdkafka::consumer::StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+            .set("group.id", common::unique("eos-dead-letters"))
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .set("topic.metadata.refresh.interval.ms", "500")
+            .create()
+            .expect("a Kafka consumer");
+        if !common::traffic::assign_from_beginning(&consumer, &topic, &stop).await {
+            return;
+        }
+        let mut stream = consumer.stream();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {
+                continue;
+            };
+            let header = |k: &str| {
+                m.headers()
+                    .and_then(|h| h.iter().find(|h| h.key == k).and_then(|h| h.value))
+                    .map(|v| String::from_utf8_lossy(v).to_string())
+                    .unwrap_or_default()
+            };
+            let e: serde_json::Value = serde_json::from_slice(m.payload().expect("a dead letter")).expect("JSON");
+            out.lock().unwrap().push(DeadLetter {
+                id: e["id"].as_str().expect("an event id").to_string(),
+                verb: e["type"].as_str().expect("a type").rsplit('.').next().unwrap().to_string(),
+                reason: header("kubecast_dead_letter_reason"),
+                data_dropped: header("kubecast_data_dropped") == "true",
+            });
+        }
+    });
+}
+
+/// Dead letters inside the transaction (`[delivery.dead_letter] type = "broker"`): an object
+/// larger than the producer's `message.max.bytes` (1 MB) is refused by the producer for good,
+/// so each of its events goes to the dead-letter topic in the same transaction as the state
+/// that moves past it. Under load, across SIGKILLs (one right after a change of the object, so
+/// its dead letter is likely in a transaction that never commits): a `read_committed`
+/// consumer of the dead-letter topic sees each of the object's events once, and one of the
+/// events' topic every other change once.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_go_into_the_transaction_and_are_seen_once() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-dead").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state, dead) = (common::unique("eos-events"), common::unique("eos-state"), common::unique("eos-dead"));
+    let mut s = setup(
+        &ns.name,
+        &topic,
+        &state,
+        &format!("[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{dead}\"\n"),
+    );
+    // Commits 2 s apart: a SIGKILL right after a dead letter's write is most likely before
+    // the commit of its transaction.
+    s.checkpoint = s.checkpoint.replace("flush_interval_ms = 200", "flush_interval_ms = 2000");
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    kc.wait_log("list complete", 1).await;
+    let traffic = Eos::start(&api, &topic, 50);
+    let (letters, stop) = (Arc::new(Mutex::new(Vec::new())), Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    read_dead_letters(dead.clone(), letters.clone(), stop.clone());
+    let wait_letters = |n: usize| {
+        let letters = letters.clone();
+        async move {
+            let deadline = Instant::now() + WAIT;
+            while letters.lock().unwrap().len() < n {
+                assert!(Instant::now() < deadline, "{n} dead letters: {:?}", letters.lock().unwrap());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let big = |c: char| serde_json::json!({"big": c.to_string().repeat(1_000_000)});
+
+    common::create_cm(&client, &ns.name, "big", serde_json::json!({}), big('a')).await;
+    wait_letters(1).await;
+    kc.kill9();
+    kc.restart(&[]);
+    assert!(traffic.0.flowing(50, WAIT).await, "commits after the restart:\n{}", kc.log());
+    let dead_lettered = |kc: &Kubecast| kc.log().matches("writing it to the dead letter").count();
+    let before = dead_lettered(&kc);
+    let patch = serde_json::json!({"data": big('b')});
+    api.patch("big", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await.unwrap();
+    kc.wait_log("writing it to the dead letter", before + 1).await;
+    kc.kill9();
+    kc.restart(&[]);
+    wait_letters(2).await;
+    api.delete("big", &Default::default()).await.unwrap();
+    wait_letters(3).await;
+    traffic.finish().await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+
+    let letters = letters.lock().unwrap().clone();
+    // More writes than dead letters: a transaction holding one was aborted and sent again.
+    eprintln!("{} dead-letter writes for {} dead letters", dead_lettered(&kc), letters.len());
+    let verbs: Vec<&str> = letters.iter().map(|l| l.verb.as_str()).collect();
+    assert_eq!(verbs, ["added", "modified", "deleted"], "each of the object's events once, in order: {letters:?}");
+    let mut ids: Vec<&str> = letters.iter().map(|l| l.id.as_str()).collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "{letters:?}");
+    for l in &letters {
+        assert!(l.reason.to_lowercase().contains("too large"), "the reason: {l:?}");
+        assert!(l.data_dropped, "the dead-letter topic has the same limit: the event without its data: {l:?}");
+    }
+    assert!(kc.stop().success(), "{}", kc.log());
+}

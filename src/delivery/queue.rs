@@ -8,6 +8,10 @@
 //!
 //! Each job is acknowledged to its stream's watermark once its event was accepted by the sink
 //! or written to the dead letter, or at once when it carries no event.
+//!
+//! Exactly-once into Kafka: an event holds a gate pass from right before its send (after the
+//! rate limits) until its acknowledgement; a commit seals the gate and waits for every pass,
+//! so it waits for sends into the open transaction only, never for a rate limit or a backoff.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -57,8 +61,8 @@ pub struct Queue {
     pub checkpoints: Vec<Arc<StreamCheckpoint>>,
     /// Per stream, as `checkpoints`.
     pub metrics: Vec<Arc<StreamMetrics>>,
-    /// Exactly-once into Kafka: each event holds a pass from before its send until its
-    /// acknowledgement (a commit seals the gate).
+    /// Exactly-once into Kafka: each event holds a pass from right before its send (after the
+    /// rate limits) until its acknowledgement (a commit seals the gate).
     pub gate: Option<Arc<Gate>>,
 }
 
@@ -167,10 +171,11 @@ impl Queue {
         let metrics = self.metrics[job.stream].clone();
         let gate = self.gate.clone();
         async move {
-            let pass = match &gate {
-                Some(g) => Some(g.pass().await),
-                None => None,
-            };
+            // Taken right before the send, after the rate limits: a commit seals the gate and
+            // waits for every pass, so a pass held while waiting for a rate limit would hold
+            // the commit too (up to `max_in_flight` events / the rate: past the transaction's
+            // timeout with a low rate).
+            let mut pass = None;
             let send = Attempt {
                 sink: &sink,
                 limiter: limiter.as_ref(),
@@ -180,8 +185,9 @@ impl Queue {
                 msg: job.msg.as_ref().expect("only jobs with events are sent"),
                 metrics: &metrics,
                 verb: job.verb.index(),
+                gate: gate.as_ref(),
             };
-            let result = send_with_retries(&send).await;
+            let result = send_with_retries(&send, &mut pass).await;
             (job, result, pass)
         }
     }
@@ -207,14 +213,29 @@ struct Attempt<'a> {
     msg: &'a Outbound,
     metrics: &'a StreamMetrics,
     verb: usize,
+    /// Exactly-once: the gate whose pass each attempt holds from its send on.
+    gate: Option<&'a Arc<Gate>>,
+}
+
+/// Exactly-once: takes the event's pass, unless it holds one already. Called right before
+/// each send (after the rate limits); the pass is then held until the event is acknowledged
+/// (its send accepted or its dead letter written), or given back after a retriable failure.
+async fn pass_before_send(gate: Option<&Arc<Gate>>, pass: &mut Option<Pass>) {
+    if let (Some(g), None) = (gate, &*pass) {
+        *pass = Some(g.pass().await);
+    }
 }
 
 /// Sends the event once, the common case: no rate limit to wait for, no trace, accepted at
 /// once. Everything else (rate limits, traces, retries, the dead letter) is in
 /// [`send_slowly`], boxed: inline, its state would make every in-flight event's future larger.
-async fn send_with_retries(send: &Attempt<'_>) -> Result<(), DeliveryError> {
+///
+/// `pass`: the event's gate pass (exactly-once), taken before each send; held on return
+/// unless the last failure was retriable and nothing was sent after it.
+async fn send_with_retries(send: &Attempt<'_>, pass: &mut Option<Pass>) -> Result<(), DeliveryError> {
     let mut failed = None;
     if send.limiter.is_none() && send.resource_limiter.is_none() && send.msg.trace.is_none() {
+        pass_before_send(send.gate, pass).await;
         let started = std::time::Instant::now();
         match send.sink.send(send.msg).await {
             Ok(()) => {
@@ -225,13 +246,24 @@ async fn send_with_retries(send: &Attempt<'_>) -> Result<(), DeliveryError> {
             Err(e) => failed = Some(e),
         }
     }
-    Box::pin(send_slowly(send, failed)).await
+    Box::pin(send_slowly(send, failed, pass)).await
 }
 
 /// Rate limit, send, retry retriable failures with backoff, dead-letter permanent ones.
-/// `failed`: how a first attempt (by [`send_with_retries`]) failed, if one was made.
-async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Result<(), DeliveryError> {
-    let Attempt { sink, limiter, resource_limiter, retry, dead_letter, msg, metrics, verb } = *send;
+/// `failed`: how a first attempt (by [`send_with_retries`]) failed, if one was made (it holds
+/// `pass` then).
+///
+/// Exactly-once: each attempt takes the gate pass after the rate limits, right before its
+/// send, so a commit never waits for a rate limit or a backoff. A retriable failure leaves
+/// nothing of the event in the transaction (the sink's contract), so the pass is given back
+/// before the backoff; a permanent one keeps it through the dead letter's write, which goes
+/// into the transaction too.
+async fn send_slowly(
+    send: &Attempt<'_>,
+    mut failed: Option<SendError>,
+    pass: &mut Option<Pass>,
+) -> Result<(), DeliveryError> {
+    let Attempt { sink, limiter, resource_limiter, retry, dead_letter, msg, metrics, verb, gate } = *send;
     // Built at the first retry (most events need none).
     let mut backoff = None;
     let mut attempt = 0u32;
@@ -248,6 +280,7 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
                 if let Some(l) = limiter {
                     l.until_ready().await;
                 }
+                pass_before_send(gate, pass).await;
                 if let (Some(t), 1) = (&msg.trace, attempt) {
                     t.child("queue", t.queued_at(), vec![]);
                     t.start_send(
@@ -295,6 +328,9 @@ async fn send_slowly(send: &Attempt<'_>, mut failed: Option<SendError>) -> Resul
                 break Ok(Some(reason));
             }
             Err(SendError::Retriable(reason)) => {
+                if let Some(p) = pass.take() {
+                    p.settle();
+                }
                 metrics.retries.inc();
                 metrics.note_failure(msg.event.id(), &reason);
                 if attempt == 1 || attempt.is_multiple_of(10) {

@@ -22,7 +22,9 @@ pub enum SinkError {
 /// Why one send failed; decides between retry, dead letter and stop.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SendError {
-    /// May succeed later (broker down, timeout, queue full): retried with backoff.
+    /// May succeed later (broker down, timeout, queue full): retried with backoff. Nothing of
+    /// the event was written (exactly-once: nothing of it is in the open transaction), so the
+    /// queue lets a commit go ahead while it backs off.
     #[error("{0}")]
     Retriable(String),
     /// Will never succeed for this event (too large, not authorized, cannot be encoded): sent

@@ -7,9 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::delivery::DeadLetterType;
-use crate::delivery::queue::DeliveryError;
+use tokio::sync::mpsc;
+
+use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
 use crate::delivery::testkit::{Harness, bookmark, config, id, job, settle};
 use crate::model::IndexEntry;
+use crate::model::gate::Gate;
 use crate::sink::SendError;
 use crate::sink::stub::{Record, Reply, Step};
 
@@ -398,4 +401,81 @@ async fn acknowledgements_held_behind_a_stuck_event_are_bounded() {
     run.await.unwrap().expect("delivered");
     assert_eq!(h.acked_events(), 100);
     assert_eq!(h.committed().resource_version.as_deref(), Some("100"));
+}
+
+/// The harness's queue with exactly-once's gate and `limiter`; run as a task fed by `rx`.
+fn gated(h: &Harness, limiter: Option<Limiter>) -> (Arc<Gate>, mpsc::Sender<Job>, Run) {
+    let q = &h.queue;
+    let gate = Arc::new(Gate::default());
+    let queue = Queue {
+        sink: q.sink.clone(),
+        limiter,
+        retry: q.retry,
+        dead_letter: q.dead_letter.clone(),
+        max_in_flight: q.max_in_flight,
+        capacity: q.capacity,
+        checkpoints: q.checkpoints.clone(),
+        metrics: q.metrics.clone(),
+        gate: Some(gate.clone()),
+    };
+    let (tx, rx) = mpsc::channel(16);
+    (gate, tx, tokio::spawn(async move { queue.run(rx).await }))
+}
+
+type Run = tokio::task::JoinHandle<Result<(), DeliveryError>>;
+
+/// Exactly-once: events waiting for the rate limit hold no gate pass, so a commit (a seal)
+/// never waits for them; and delivery cut short while they wait leaves the gate whole.
+#[tokio::test(start_paused = true)]
+async fn a_commit_never_waits_for_the_rate_limit() {
+    let h = Harness::new(&config(100, 100), "GateRate");
+    // One event now, the next in an hour (of wall time: the limiter's clock is not tokio's).
+    let limiter = Arc::new(governor::RateLimiter::direct(governor::Quota::per_hour(std::num::NonZeroU32::MIN)));
+    let (gate, tx, run) = gated(&h, Some(limiter));
+    for n in 0..5u64 {
+        tx.send(job(n, &format!("o{n}"), n + 1)).await.unwrap();
+    }
+    h.stub.wait_until(|log| log.iter().any(|r| r.step == Step::Finished(Ok(())))).await;
+    settle().await;
+    assert_eq!(h.stub.started().len(), 1, "one event within the rate, four waiting for it");
+    assert_eq!(gate.passes(), 0, "the four waiting hold no pass");
+    let sealed = tokio::time::timeout(Duration::from_secs(3600), gate.seal()).await.expect("sealed at once");
+    assert!(!sealed.broken());
+    drop(sealed);
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    assert!(!gate.broken(), "no pass was out when delivery stopped");
+    assert_eq!(h.committed().resource_version.as_deref(), Some("1"));
+    drop(tx);
+}
+
+/// Exactly-once: a retriable failure gives the pass back (nothing of the event is in the
+/// transaction), so a commit goes ahead during the backoff; the retry takes a pass again, only
+/// after the commit, and the gate stays whole.
+#[tokio::test(start_paused = true)]
+async fn a_retriable_failure_lets_a_commit_go_ahead_while_backing_off() {
+    let h = Harness::new(&config(100, 10), "GateRetry");
+    let a1 = id("a", 1);
+    let first = h.stub.hold(&a1);
+    let second = h.stub.hold(&a1);
+    let (gate, tx, run) = gated(&h, None);
+    tx.send(job(0, "a", 1)).await.unwrap();
+    h.stub.wait_until(|log| log.len() == 1).await;
+    assert_eq!(gate.passes(), 1, "the send holds a pass");
+    let seal = tokio::spawn({
+        let gate = gate.clone();
+        async move { gate.seal().await }
+    });
+    first.send(retriable()).unwrap();
+    let sealed = tokio::time::timeout(Duration::from_secs(60), seal).await.expect("sealed during the backoff").unwrap();
+    settle().await;
+    assert_eq!(of(&h.stub.log(), &a1).len(), 2, "the retry waits for the commit: {:#?}", h.stub.log());
+    drop(sealed);
+    h.stub.wait_until(|log| log.len() == 3).await;
+    second.send(Ok(())).unwrap();
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+    assert_eq!(h.stub.accepted(), [a1]);
+    assert!(!gate.broken());
+    assert_eq!(gate.passes(), 0);
 }

@@ -180,6 +180,9 @@ impl KafkaSink {
         headers: OwnedHeaders,
     ) -> Result<Option<(i32, i64)>, SendError> {
         if self.exactly_once {
+            // The only retriable failure with exactly-once, and nothing of the event is in a
+            // transaction then (the queue relies on it): once a record is in the transaction,
+            // the transaction itself produces it again if it must.
             let Some(txn) = self.transaction.get() else {
                 return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
             };

@@ -13,6 +13,22 @@ pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
 /// Properties kubecast sets itself: the delivery guarantees depend on them.
 pub(super) const REQUIRED: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
 
+/// Properties of the transactional producer (the Kafka state store's, which exactly-once
+/// sends the events through) that kubecast sets itself: a `transactional.id` of its own, and
+/// the transaction timeout the commit interval's limit is derived from.
+const TRANSACTIONAL: [(&str, &str, &str); 2] = [
+    (
+        "transactional.id",
+        "kubecast names its transactional producer itself; on the sink's producer it would make every send outside a transaction fail",
+        "remove it (the state store's is checkpoint.kafka.transactional_id)",
+    ),
+    (
+        "transaction.timeout.ms",
+        "kubecast sets it to 60000 on its transactional producer: with exactly_once, checkpoint.flush_interval_ms (the commit interval) is checked against it",
+        "remove it",
+    ),
+];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -76,6 +92,9 @@ impl KafkaConfig {
                     format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
                     "remove it",
                 ));
+            }
+            if let Some((_, why, fix)) = TRANSACTIONAL.iter().find(|(tk, ..)| tk == k) {
+                out.push(Problem::new(format!("sink.kafka.properties.\"{k}\""), *why, *fix));
             }
             if let Err(e) = secret::resolve(v) {
                 out.push(Problem::new(

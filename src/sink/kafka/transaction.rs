@@ -42,7 +42,7 @@ use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Message, OwnedHeaders};
+use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use tokio::sync::Notify;
 use tracing::{debug, error, warn};
@@ -89,6 +89,20 @@ pub struct Record {
 impl Record {
     fn size(&self) -> usize {
         self.topic.len() + self.key.len() + self.payload.as_ref().map_or(0, Vec::len) + 64
+    }
+
+    /// At least the size librdkafka compares with `message.max.bytes` before it takes a record:
+    /// key, value and headers with their framing, each length counted at its largest.
+    fn wire_size(&self) -> usize {
+        /// A record's framing at its largest (librdkafka's `RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`).
+        const FRAMING: usize = 36;
+        /// A header's two lengths at their largest.
+        const HEADER_FRAMING: usize = 20;
+        let headers: usize = self
+            .headers
+            .as_ref()
+            .map_or(0, |h| h.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + HEADER_FRAMING).sum());
+        FRAMING + self.key.len() + self.payload.as_ref().map_or(0, Vec::len) + headers
     }
 }
 
@@ -177,6 +191,8 @@ pub struct Transaction {
     what: String,
     exactly_once: bool,
     inner: Mutex<Inner>,
+    /// The producer's `message.max.bytes`: a larger record is refused by librdkafka for good.
+    max_record: usize,
     gate: Arc<Gate>,
     commit_soon: Arc<Notify>,
     committed_events: AtomicU64,
@@ -198,6 +214,7 @@ impl Transaction {
             .set("acks", "all")
             .set("transaction.timeout.ms", "60000");
         pc.set_log_level(RDKafkaLogLevel::Warning);
+        let max_record = pc.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
         let producer: ThreadedProducer<TxnContext> = pc
             .create_with_context(TxnContext { connected, poison: Mutex::new(None) })
             .map_err(|e| TxnError::Retriable(format!("{what}: {e}")))?;
@@ -213,6 +230,7 @@ impl Transaction {
                 event_bytes: 0,
                 asked_early: false,
             }),
+            max_record,
             gate: Arc::new(Gate::default()),
             commit_soon: Arc::new(Notify::new()),
             committed_events: AtomicU64::new(0),
@@ -248,10 +266,15 @@ impl Transaction {
     }
 
     /// Sends an event in the open transaction (exactly-once): produced at once if it is open,
-    /// kept for the next one if not. `Err` for a record librdkafka refuses by itself (too
-    /// large): that one is not kept; and once the transaction was abandoned (nothing more is
+    /// kept for the next one if not. `Err` for a record librdkafka refuses by itself (larger
+    /// than `message.max.bytes`, checked here in every state): that one is not kept; and once the transaction was abandoned (nothing more is
     /// committed: the restart sends it again).
     pub async fn send(&self, record: Record) -> Result<(), KafkaError> {
+        // Refused now whatever the state: kept while the transaction is not open, such a record
+        // would make every later attempt to produce the kept events again fail.
+        if record.wire_size() > self.max_record {
+            return Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge));
+        }
         loop {
             {
                 let mut inner = self.lock();
@@ -517,4 +540,62 @@ fn classify(what: &str, e: &KafkaError) -> TxnError {
         return TxnError::Fatal(format!("{what}: {e}"));
     }
     TxnError::Retriable(format!("{what}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::Header;
+    use rdkafka::producer::BaseProducer;
+
+    /// The size checked before a record is kept is never below librdkafka's own check (no
+    /// broker needed: librdkafka refuses a record larger than `message.max.bytes` at once),
+    /// and at most a few bytes per header above it.
+    #[test]
+    fn a_record_librdkafka_refuses_as_too_large_is_refused_before_it_is_kept() {
+        const MAX: usize = 2000;
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", "127.0.0.1:1")
+            .set("message.max.bytes", MAX.to_string())
+            .create()
+            .expect("a producer");
+        for headers in [0usize, 1, 5] {
+            let (mut refused_by_librdkafka, mut refused_here) = (0, 0);
+            for len in MAX - 400..=MAX {
+                let h = (0..headers).fold(OwnedHeaders::new(), |h, i| {
+                    h.insert(Header { key: &format!("ce_h{i}"), value: Some("a value") })
+                });
+                let record = Record {
+                    topic: "t".into(),
+                    key: "some-uid".into(),
+                    payload: Some(vec![b'x'; len]),
+                    headers: Some(h),
+                };
+                let too_large = matches!(
+                    produce_base(&producer, &record),
+                    Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge))
+                );
+                refused_by_librdkafka += usize::from(too_large);
+                refused_here += usize::from(record.wire_size() > MAX);
+                assert!(!too_large || record.wire_size() > MAX, "{len} bytes with {headers} headers");
+            }
+            assert!(refused_by_librdkafka > 0, "the limit was reached with {headers} headers");
+            assert!(
+                refused_here - refused_by_librdkafka <= 20 * headers + 10,
+                "{headers} headers: {refused_here} refused here, {refused_by_librdkafka} by librdkafka"
+            );
+        }
+        producer.purge(rdkafka::producer::PurgeConfig::default().queue());
+    }
+
+    fn produce_base(producer: &BaseProducer, r: &Record) -> KafkaResult<()> {
+        let mut br = BaseRecord::<str, [u8]>::to(&r.topic).key(&r.key);
+        if let Some(p) = &r.payload {
+            br = br.payload(p);
+        }
+        if let Some(h) = &r.headers {
+            br = br.headers(h.clone());
+        }
+        producer.send(br).map_err(|(e, _)| e)
+    }
 }
