@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::{clean_topic_part, encode};
@@ -42,7 +42,7 @@ impl ClientContext for KafkaContext {
         ) {
             self.connected.store(false, Ordering::Relaxed);
         }
-        error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}");
+        super::logging::client_error(&error, reason);
     }
 }
 
@@ -80,6 +80,7 @@ impl KafkaSink {
         for (k, v) in REQUIRED {
             cc.set(k, v);
         }
+        super::security::set_system_ca(&mut cc);
         cc.set_log_level(RDKafkaLogLevel::Warning);
         let connected = Arc::new(AtomicBool::new(true));
         let producer: FutureProducer<KafkaContext> = super::roles::for_producer(&cc)
