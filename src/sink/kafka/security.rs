@@ -125,9 +125,9 @@ pub fn problems(section: &str, props: &BTreeMap<String, String>) -> Vec<Problem>
 
 /// With TLS and no CA set, the first system CA bundle that exists as `ssl.ca.location`
 /// (librdkafka's vendored OpenSSL would otherwise trust no CA at all on Linux). Left alone
-/// when `SSL_CERT_FILE` or `SSL_CERT_DIR` is set: OpenSSL's default paths honour them.
+/// when `SSL_CERT_FILE` or `SSL_CERT_DIR` is set (not empty): OpenSSL's default paths honour them.
 pub fn set_system_ca(cc: &mut ClientConfig) {
-    set_ca_from(cc, SYSTEM_CA_BUNDLES, |v| std::env::var_os(v).is_some());
+    set_ca_from(cc, SYSTEM_CA_BUNDLES, |v| std::env::var_os(v).is_some_and(|v| !v.is_empty()));
 }
 
 fn set_ca_from(cc: &mut ClientConfig, bundles: &[&str], env_set: impl Fn(&str) -> bool) {
@@ -156,8 +156,10 @@ pub fn fix_for(msg: &str) -> Option<&'static str> {
     let hint = if m.contains("hostname mismatch") || m.contains("ip address mismatch") {
         "the broker's certificate does not name the address kubecast connected to: use a broker address from the certificate's subject alternative names in brokers (the brokers also advertise addresses of their own), or have the certificate reissued"
     } else if m.contains("certificate verify failed") {
-        "the broker's certificate is not signed by a CA kubecast trusts: set ssl.ca.location to your Kafka service's CA file (or ssl.ca.pem); without it kubecast trusts the system CA bundle"
-    } else if m.contains("certificate required")
+        // OpenSSL's message does not say which check failed.
+        "the broker's certificate could not be verified: either no CA kubecast trusts signed it (set ssl.ca.location to your Kafka service's CA file, or ssl.ca.pem; without it kubecast trusts the system CA bundle), or it does not name the broker address kubecast connected to (use an address from the certificate's subject alternative names in brokers, or have the certificate reissued)"
+    } else if m.contains("no matching issuer found")
+        || m.contains("certificate required")
         || m.contains("alert bad certificate")
         || m.contains("alert unknown ca")
         || m.contains("alert certificate unknown")
@@ -270,6 +272,12 @@ mod tests {
     fn tls_and_sasl_failures_get_a_fix() {
         let verify = "ssl://127.0.0.1:19097/bootstrap: SSL handshake failed: error:0A000086:SSL routines::certificate verify failed: broker certificate could not be verified";
         assert!(fix_for(verify).unwrap().contains("ssl.ca.location"));
+        assert!(
+            fix_for(verify).unwrap().contains("subject alternative names"),
+            "or the address is not in the certificate"
+        );
+        let refused = "Receive failed: error:0A000412:SSL routines::ssl/tls alert bad certificate: SSL alert number 42";
+        assert!(fix_for(refused).unwrap().contains("ssl.certificate.location"));
         assert!(
             fix_for("SSL handshake failed: certificate verify failed: Hostname mismatch")
                 .unwrap()
