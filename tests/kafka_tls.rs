@@ -198,9 +198,9 @@ async fn exactly_once_over_sasl_ssl_delivers_and_resumes() {
     delivers_and_resumes("eos", scram(), true).await;
 }
 
-/// Starts kubecast on `conn` (the state in a local file) and waits until it says, in `/readyz`
-/// and in its log, that the broker is not reachable, the log naming `cause` with a fix that
-/// contains `fix`; nothing is acknowledged meanwhile, and the stop is clean.
+/// Starts kubecast on `conn` (the state in a local file) and waits until `/readyz` says the
+/// broker is not reachable with a fix that contains `fix`, and a log line names `cause` with
+/// that fix; nothing is acknowledged meanwhile, and the stop is clean.
 async fn refused(name: &str, conn: Secured, cause: &str, fix: &str) -> Kubecast {
     let client = client().await;
     let ns = TestNamespace::new(&client, &format!("tls-{name}")).await;
@@ -213,7 +213,9 @@ async fn refused(name: &str, conn: Secured, cause: &str, fix: &str) -> Kubecast 
         "flush_interval_ms = 100",
         &conn.env(),
     );
+    // `/readyz` says why, with the fix.
     kc.wait_ready_reason("sink: broker not reachable").await;
+    kc.wait_ready_reason(fix).await;
     let deadline = Instant::now() + WAIT;
     let explained = |log: &str| log.lines().any(|l| l.contains(cause) && l.contains(fix));
     while !explained(&kc.log()) {
