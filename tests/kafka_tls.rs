@@ -312,3 +312,28 @@ async fn without_a_ca_setting_the_system_trust_store_is_used() {
         .await;
     assert!(kc.log().contains("trusting the system CA bundle"), "the bundle is named at DEBUG:\n{}", kc.log());
 }
+
+/// A client key that cannot be decrypted (a wrong `ssl.key.password`) stops kubecast at start
+/// with the property and the fix, neither password in the log.
+#[tokio::test]
+async fn a_wrong_key_password_is_an_error_at_start() {
+    let mut conn = mutual_tls("KAFKA_CLIENT_CERT", "KAFKA_CLIENT_KEY");
+    conn.properties.retain(|(k, _)| !k.starts_with("ssl.certificate") && !k.starts_with("ssl.key"));
+    conn.properties.push(("ssl.certificate.location", common::env_var("KAFKA_CLIENT_CERT")));
+    conn.properties.push(("ssl.key.location", common::env_var("KAFKA_CLIENT_KEY")));
+    conn.properties.push(("ssl.key.password", "${env:TLS_TEST_KEY_PASSWORD}".into()));
+    conn.env = vec![("TLS_TEST_KEY_PASSWORD", "wrong-key-password-7".into())];
+    let cluster = cluster_name();
+    let mut kc = Kubecast::start_with_sink(
+        &watch_config(&cluster, "tls-key-nothing"),
+        &sink(&conn.brokers, &format!("tls-key.{cluster}"), "", &conn.properties),
+        "",
+        &conn.env(),
+    );
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success(), "{}", kc.log());
+    let log = kc.log();
+    assert!(log.contains("ssl.key.location failed") && log.contains("set ssl.key.password"), "{log}");
+    assert!(!log.contains("wrong-key-password-7"), "the password leaked:\n{log}");
+    assert_no_secret(&log);
+}

@@ -95,7 +95,13 @@ impl KafkaSink {
         let producer: FutureProducer<KafkaContext> = super::roles::for_producer(&cc)
             .create_with_context(KafkaContext { connected: connected.clone(), cause: cause.clone() })
             // The error names the property, never its value.
-            .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
+            .map_err(|e| {
+                let e = e.to_string();
+                match super::security::fix_for(&e) {
+                    Some(fix) => SinkError::Config(format!("Kafka producer: {e} (fix: {fix})")),
+                    None => SinkError::Config(format!("Kafka producer: {e}")),
+                }
+            })?;
         let keys: Vec<&String> = cfg.properties.keys().collect();
         info!(brokers = %cfg.brokers, topic = %cfg.topic, mode = ?cfg.mode, properties = ?keys, "Kafka producer created");
         Ok(Self {

@@ -168,8 +168,11 @@ pub fn fix_for(msg: &str) -> Option<&'static str> {
         "the broker refused the TLS handshake, most often the client certificate: set ssl.certificate.location and ssl.key.location (or .pem) to a certificate signed by a CA the broker trusts"
     } else if m.contains("authentication failed") || m.contains("sasl authentication error") {
         "the broker refused the SASL login: check sasl.mechanism (the one the listener enables), sasl.username and sasl.password"
-    } else if m.contains("bad decrypt") || m.contains("ssl.key.password") {
-        "the client key cannot be decrypted: set ssl.key.password to its password"
+    } else if m.contains("bad decrypt")
+        || m.contains("ssl.key.password")
+        || m.contains("ssl.key") && m.contains("pem lib")
+    {
+        "the client key cannot be read: set ssl.key.password to its password (if it is encrypted), and check that it is a PEM private key"
     } else if m.contains("ssl handshake failed") && m.contains("wrong version number")
         || m.contains("broker might require sasl")
     {
@@ -289,6 +292,8 @@ mod tests {
                 .contains("ssl.certificate.location")
         );
         assert!(fix_for("SASL authentication error: Authentication failed during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512").unwrap().contains("sasl.password"));
+        let key = "Client creation error: ssl.key.location failed: error:0A080009:SSL routines::PEM lib";
+        assert!(fix_for(key).unwrap().contains("ssl.key.password"));
         assert_eq!(fix_for("Connection refused"), None);
     }
 }
