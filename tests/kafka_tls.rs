@@ -42,6 +42,17 @@ fn sink(brokers: &str, topic: &str, extra: &str, properties: &[(&str, String)]) 
     out
 }
 
+/// The broker's TLS listeners answer (a Kafka started by an older `tests/env/up` has none).
+fn tls_listeners_up() {
+    for key in ["KAFKA_SSL_BROKERS", "KAFKA_SASL_SSL_BROKERS", "KAFKA_MTLS_BROKERS"] {
+        let addr = common::env_var(key);
+        let sock = addr.parse().unwrap_or_else(|e| panic!("{key}={addr}: {e}"));
+        std::net::TcpStream::connect_timeout(&sock, Duration::from_secs(5)).unwrap_or_else(|e| {
+            panic!("the test Kafka's listener {key}={addr} does not answer ({e}): start Kafka with this checkout's tests/env/up")
+        });
+    }
+}
+
 fn ca() -> (&'static str, String) {
     ("ssl.ca.location", common::env_var("KAFKA_CA_FILE"))
 }
@@ -141,6 +152,7 @@ fn mutual_tls(cert: &str, key: &str) -> Secured {
 /// made while kubecast is stopped arrives after the restart, which resumes from the state
 /// topic (no new snapshot: the first object is not sent again).
 async fn delivers_and_resumes(name: &str, conn: Secured, exactly_once: bool) {
+    tls_listeners_up();
     let client = client().await;
     let ns = TestNamespace::new(&client, &format!("tls-{name}")).await;
     let cluster = cluster_name();
@@ -202,6 +214,7 @@ async fn exactly_once_over_sasl_ssl_delivers_and_resumes() {
 /// broker is not reachable with a fix that contains `fix`, and a log line names `cause` with
 /// that fix; nothing is acknowledged meanwhile, and the stop is clean.
 async fn refused(name: &str, conn: Secured, cause: &str, fix: &str) -> Kubecast {
+    tls_listeners_up();
     let client = client().await;
     let ns = TestNamespace::new(&client, &format!("tls-{name}")).await;
     let cluster = cluster_name();
@@ -282,6 +295,7 @@ async fn a_broker_address_the_certificate_does_not_name_is_a_clear_error() {
 /// the test CA: a clear verification error.
 #[tokio::test]
 async fn without_a_ca_setting_the_system_trust_store_is_used() {
+    tls_listeners_up();
     let plain_ssl = || Secured {
         brokers: common::env_var("KAFKA_SSL_BROKERS"),
         properties: vec![("security.protocol", "SSL".into())],
