@@ -597,9 +597,11 @@ start_daemon() {
 	mkdir -p "$dir"
 	[[ -f $logf ]] && mv -f "$logf" "$logf.1"
 	rm -f "$pidf"
-	# The child writes its own pid, then execs the daemon (no pid race).
+	# The child writes its own pid, closes every descriptor it inherited beyond stdio (a
+	# caller's lock, e.g. `flock`, or a CI runner's pipe must not live on in a server), then
+	# execs the daemon (no pid race).
 	# shellcheck disable=SC2016
-	setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$@" </dev/null >"$logf" 2>&1 7>&- 8>&- 9>&- &
+	setsid bash -c 'echo $$ >"$0"; for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done 2>/dev/null; exec "$@"' "$pidf" "$@" </dev/null >"$logf" 2>&1 7>&- 8>&- 9>&- &
 	for ((i = 0; i < 50; i++)); do
 		[[ -s $pidf ]] && return 0
 		sleep 0.1

@@ -100,7 +100,7 @@ pub fn problems(section: &str, props: &BTreeMap<String, String>) -> Vec<Problem>
         if !Path::new(&path).exists() {
             out.push(Problem::new(
                 key(k),
-                format!("names the file {path}, which does not exist"),
+                format!("the file {path} cannot be read (it does not exist)"),
                 "give the path of an existing file (a mounted Secret's file, for instance)",
             ));
         }
