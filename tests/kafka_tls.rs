@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use common::{Kubecast, TestNamespace, client, create_cm};
 use futures::StreamExt;
 use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::{Headers, Message};
 use serde_json::json;
@@ -60,6 +62,16 @@ fn ca() -> (&'static str, String) {
 /// The `ce_subject` of every record of `topic`, read from the beginning through the PLAINTEXT
 /// listener (committed transactions only when `read_committed`), until `done` holds.
 async fn subjects(topic: &str, read_committed: bool, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    header_values(topic, "ce_subject", read_committed, done).await
+}
+
+/// The header `header` of every record of `topic` (empty when absent), like [`subjects`].
+async fn header_values(
+    topic: &str,
+    header: &str,
+    read_committed: bool,
+    done: impl Fn(&[String]) -> bool,
+) -> Vec<String> {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
         .set("group.id", common::unique("tls-verify"))
@@ -78,7 +90,7 @@ async fn subjects(topic: &str, read_committed: bool, done: impl Fn(&[String]) ->
         let left = deadline.saturating_duration_since(Instant::now());
         assert!(!left.is_zero(), "timed out reading {topic}; got {out:?}");
         if let Ok(Some(Ok(m))) = tokio::time::timeout(left.min(Duration::from_secs(2)), stream.next()).await {
-            let subject = m.headers().and_then(|h| h.iter().find(|h| h.key == "ce_subject").and_then(|h| h.value));
+            let subject = m.headers().and_then(|h| h.iter().find(|h| h.key == header).and_then(|h| h.value));
             out.push(subject.map(|v| String::from_utf8_lossy(v).into_owned()).unwrap_or_default());
         }
     }
@@ -350,4 +362,39 @@ async fn a_wrong_key_password_is_an_error_at_start() {
     assert!(log.contains("ssl.key.location failed") && log.contains("set ssl.key.password"), "{log}");
     assert!(!log.contains("wrong-key-password-7"), "the password leaked:\n{log}");
     assert_no_secret(&log);
+}
+
+/// The dead letter over mutual TLS: a record over the topic's size limit goes to the
+/// dead-letter topic through the same TLS connection, and the stream goes on.
+#[tokio::test]
+async fn the_dead_letter_goes_over_mutual_tls_too() {
+    tls_listeners_up();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "tls-dead-letter").await;
+    let cluster = cluster_name();
+    let topic = format!("tls-small.{cluster}");
+    let dead = format!("tls-dead.{cluster}");
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
+    let small_topic = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "20000");
+    let created = admin.create_topics(&[small_topic], &AdminOptions::new()).await.unwrap();
+    created[0].as_ref().expect("topic created");
+    let conn = mutual_tls("KAFKA_CLIENT_CERT", "KAFKA_CLIENT_KEY");
+    let dead_letter = format!("[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{dead}\"\n");
+    let mut kc = Kubecast::start_with_sink(
+        &watch_config(&cluster, &ns.name),
+        &(sink(&conn.brokers, &topic, "", &conn.properties) + &dead_letter),
+        "flush_interval_ms = 100",
+        &conn.env(),
+    );
+    kc.wait_log("list complete", 1).await;
+    create_cm(&client, &ns.name, "big", json!({}), json!({"blob": "x".repeat(50_000)})).await;
+    create_cm(&client, &ns.name, "small", json!({}), json!({"v": "1"})).await;
+    let small = format!("{}/small", ns.name);
+    subjects(&topic, false, |s| s.contains(&small)).await;
+    let dl = header_values(&dead, "kubecast_original_destination", false, |s| !s.is_empty()).await;
+    assert_eq!(dl, [topic.clone()], "the big event, dead-lettered");
+    assert!(kc.log().contains("writing it to the dead letter"), "{}", kc.log());
+    assert!(kc.stop().success(), "{}", kc.log());
+    assert_no_secret(&kc.log());
 }
