@@ -393,7 +393,7 @@ async fn the_dead_letter_goes_over_mutual_tls_too() {
     let small = format!("{}/small", ns.name);
     subjects(&topic, false, |s| s.contains(&small)).await;
     let dl = header_values(&dead, "kubecast_original_destination", false, |s| !s.is_empty()).await;
-    assert_eq!(dl, [topic.clone()], "the big event, dead-lettered");
+    assert_eq!(dl, [topic.as_str()], "the big event, dead-lettered");
     assert!(kc.log().contains("writing it to the dead letter"), "{}", kc.log());
     assert!(kc.stop().success(), "{}", kc.log());
     assert_no_secret(&kc.log());
