@@ -247,6 +247,40 @@ const BAD: &[BadCase] = &[
         &[],
         &["telemetry.endpoint", "not an http(s) URL"],
     ),
+    (
+        "a SASL mechanism without its password",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9093\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"u\"",
+        &[],
+        &["sink.kafka.properties.\"sasl.password\"", "SCRAM-SHA-512 needs a user name and a password"],
+    ),
+    (
+        "SASL over TLS without a mechanism (GSSAPI)",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9093\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"p\"",
+        &[],
+        &["sink.kafka.properties.\"sasl.mechanism\"", "GSSAPI", "SCRAM-SHA-512"],
+    ),
+    (
+        "SASL settings without a SASL protocol",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9093\"\n[sink.kafka.properties]\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"p\"",
+        &[],
+        &["sink.kafka.properties.\"sasl.mechanism\"", "no SASL login", "SASL_SSL"],
+    ),
+    (
+        "a missing ssl.ca.location file",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9093\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SSL\"\n\"ssl.ca.location\" = \"/nonexistent/kafka-ca.crt\"",
+        &[],
+        &["sink.kafka.properties.\"ssl.ca.location\"", "/nonexistent/kafka-ca.crt", "does not exist"],
+    ),
+    (
+        "a missing client key file of the state store's own connection",
+        "[sink]\ntype = \"stdout\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"k:9093\"\n[checkpoint.kafka.properties]\n\"security.protocol\" = \"SSL\"\n\"ssl.certificate.location\" = \"/nonexistent/client.crt\"\n\"ssl.key.location\" = \"/nonexistent/client.key\"",
+        &[],
+        &[
+            "checkpoint.kafka.properties.\"ssl.key.location\"",
+            "/nonexistent/client.key",
+            "checkpoint.kafka.properties.\"ssl.certificate.location\"",
+        ],
+    ),
     ("no resources", "[cluster]\nname = \"x\"", &[], &["`resources`", "nothing would be watched"]),
     ("bad cluster name", "[cluster]\nname = \"Prod EU\"", &[], &["cluster.name", "lower-case"]),
     (

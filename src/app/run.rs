@@ -44,7 +44,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);
     check_nats_streams(config, &client, &sink).await?;
     check_dead_letter(config, &sink).await?;
-    let health = Health::new(pipeline.stream_names(), sink.connected());
+    let health = Health::new(pipeline.stream_names(), sink.connected(), sink.unreachable_cause());
 
     let cancel = shutdown.child_token();
     admin::serve(&pipeline.config.admin, health.clone(), cancel.clone()).await?;

@@ -17,6 +17,8 @@ pub enum StreamPhase {
 pub struct Health {
     streams: Vec<(String, AtomicU8)>,
     sink_connected: Arc<AtomicBool>,
+    /// Why the sink's broker is not reachable, when the sink knows.
+    sink_cause: Arc<Mutex<Option<String>>>,
     shutting_down: AtomicBool,
     /// Why the apiserver cannot be reached, while it cannot (names its address).
     apiserver: Mutex<Option<String>>,
@@ -27,12 +29,17 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn new(stream_names: Vec<String>, sink_connected: Arc<AtomicBool>) -> Arc<Self> {
+    pub fn new(
+        stream_names: Vec<String>,
+        sink_connected: Arc<AtomicBool>,
+        sink_cause: Arc<Mutex<Option<String>>>,
+    ) -> Arc<Self> {
         let stalls = Mutex::new(vec![None; stream_names.len()]);
         Arc::new(Self {
             stalls,
             streams: stream_names.into_iter().map(|n| (n, AtomicU8::new(StreamPhase::Starting as u8))).collect(),
             sink_connected,
+            sink_cause,
             shutting_down: AtomicBool::new(false),
             apiserver: Mutex::new(None),
             standby: Mutex::new(None),
@@ -97,7 +104,10 @@ impl Health {
             out.push(reason.clone());
         }
         if !self.sink_connected.load(Ordering::Relaxed) {
-            out.push("sink: broker not reachable".to_string());
+            match self.sink_cause.lock().expect("health lock").as_deref() {
+                Some(cause) => out.push(format!("sink: broker not reachable: {cause}")),
+                None => out.push("sink: broker not reachable".to_string()),
+            }
         }
         out
     }

@@ -128,6 +128,14 @@ impl Sink {
         }
     }
 
+    /// Why the destination is not reachable, when the sink knows (Kafka: a TLS or SASL failure).
+    pub fn unreachable_cause(&self) -> Arc<std::sync::Mutex<Option<String>>> {
+        match self {
+            Sink::Kafka(k) => k.unreachable_cause(),
+            _ => Arc::default(),
+        }
+    }
+
     /// Whether the destination is reachable, for readiness (stdout and file: always).
     pub fn connected(&self) -> Arc<std::sync::atomic::AtomicBool> {
         match self {

@@ -145,6 +145,9 @@ impl CheckpointConfig {
                 "set e.g. flush_interval_ms = 1000",
             ));
         }
+        if self.kafka.brokers.is_some() {
+            out.extend(crate::sink::kafka::security::problems("checkpoint.kafka.properties", &self.kafka.properties));
+        }
         if self.store == StoreKind::Kafka && self.kafka.topic.trim().is_empty() {
             out.push(Problem::new("checkpoint.kafka.topic", "must not be empty", "e.g. \"kubecast-state\""));
         }

@@ -29,6 +29,12 @@ KAFKA_SASL_PORT=${KUBECAST_ENV_KAFKA_SASL_PORT:-19094}
 # A listener for pods on the node (tests/env/node): bound on 127.0.0.1, advertised as
 # $NODE_HOST_IP:<port>, which the node's network namespace reaches (see tests/env/node).
 KAFKA_NODE_PORT=${KUBECAST_ENV_KAFKA_NODE_PORT:-19096}
+# TLS listeners, with the test CA of $STATE_DIR/kafka/pki (see kafka_pki in tests/env/up):
+# server-authenticated TLS, SASL over TLS (PLAIN and SCRAM-SHA-512), and TLS that requires a
+# client certificate signed by that CA (mutual TLS).
+KAFKA_SSL_PORT=${KUBECAST_ENV_KAFKA_SSL_PORT:-19097}
+KAFKA_SASL_SSL_PORT=${KUBECAST_ENV_KAFKA_SASL_SSL_PORT:-19098}
+KAFKA_MTLS_PORT=${KUBECAST_ENV_KAFKA_MTLS_PORT:-19099}
 NATS_PORT=${KUBECAST_ENV_NATS_PORT:-14222}
 NATS_MONITOR_PORT=${KUBECAST_ENV_NATS_MONITOR_PORT:-18222}
 

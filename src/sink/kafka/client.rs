@@ -1,8 +1,8 @@
 //! The idempotent producer: delivery reports as acceptance, which errors are retriable,
 //! reachability for readiness.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::ClientConfig;
@@ -12,7 +12,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, info, warn};
 
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::{clean_topic_part, encode};
@@ -21,9 +21,11 @@ use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
 use crate::sink::template::Template;
 
-/// Logs librdkafka's errors and tracks whether the brokers are reachable.
+/// Logs librdkafka's errors and tracks whether the brokers are reachable, and if not, why
+/// (a TLS or SASL failure's fix, for `/readyz`).
 pub struct KafkaContext {
     connected: Arc<AtomicBool>,
+    cause: Arc<Mutex<Option<String>>>,
 }
 
 impl ClientContext for KafkaContext {
@@ -42,7 +44,11 @@ impl ClientContext for KafkaContext {
         ) {
             self.connected.store(false, Ordering::Relaxed);
         }
-        error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}");
+        if let Some(fix) = super::security::fix_for(reason) {
+            self.connected.store(false, Ordering::Relaxed);
+            *self.cause.lock().expect("cause lock") = Some(fix.to_string());
+        }
+        super::logging::client_error(&error, reason);
     }
 }
 
@@ -57,6 +63,8 @@ pub struct KafkaSink {
     mode: Mode,
     tombstones: bool,
     connected: Arc<AtomicBool>,
+    /// Why the brokers are not reachable (a TLS or SASL failure's fix), until they are.
+    cause: Arc<Mutex<Option<String>>>,
     exactly_once: bool,
     /// Exactly-once: the state store's transaction, set once the store is open (no event is
     /// sent before).
@@ -80,12 +88,20 @@ impl KafkaSink {
         for (k, v) in REQUIRED {
             cc.set(k, v);
         }
+        super::security::set_system_ca(&mut cc);
         cc.set_log_level(RDKafkaLogLevel::Warning);
         let connected = Arc::new(AtomicBool::new(true));
+        let cause = Arc::new(Mutex::new(None));
         let producer: FutureProducer<KafkaContext> = super::roles::for_producer(&cc)
-            .create_with_context(KafkaContext { connected: connected.clone() })
+            .create_with_context(KafkaContext { connected: connected.clone(), cause: cause.clone() })
             // The error names the property, never its value.
-            .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
+            .map_err(|e| {
+                let e = e.to_string();
+                match super::security::fix_for(&e) {
+                    Some(fix) => SinkError::Config(format!("Kafka producer: {e} (fix: {fix})")),
+                    None => SinkError::Config(format!("Kafka producer: {e}")),
+                }
+            })?;
         let keys: Vec<&String> = cfg.properties.keys().collect();
         info!(brokers = %cfg.brokers, topic = %cfg.topic, mode = ?cfg.mode, properties = ?keys, "Kafka producer created");
         Ok(Self {
@@ -96,6 +112,7 @@ impl KafkaSink {
             mode: cfg.mode,
             tombstones: cfg.tombstones,
             connected,
+            cause,
             exactly_once: cfg.exactly_once,
             transaction: std::sync::OnceLock::new(),
         })
@@ -124,11 +141,23 @@ impl KafkaSink {
         self.connected.clone()
     }
 
+    /// Why the brokers are not reachable, when kubecast knows (a TLS or SASL failure's fix).
+    pub fn unreachable_cause(&self) -> Arc<Mutex<Option<String>>> {
+        self.cause.clone()
+    }
+
+    fn set_connected(&self, ok: bool) {
+        self.connected.store(ok, Ordering::Relaxed);
+        if ok {
+            *self.cause.lock().expect("cause lock") = None;
+        }
+    }
+
     /// Asks the cluster for metadata (blocking, up to `timeout`) and records whether it
     /// answered.
     pub fn probe(&self, timeout: Duration) -> bool {
         let ok = self.producer.client().fetch_metadata(None, timeout).is_ok();
-        self.connected.store(ok, Ordering::Relaxed);
+        self.set_connected(ok);
         ok
     }
 
@@ -218,7 +247,7 @@ impl KafkaSink {
         }
         match result {
             Ok(delivery) => {
-                self.connected.store(true, Ordering::Relaxed);
+                self.set_connected(true);
                 Ok(Some((delivery.partition, delivery.offset)))
             }
             Err((e, _)) => Err(self.classify(e)),
@@ -232,7 +261,7 @@ impl KafkaSink {
         let mut cc = super::roles::for_producer(&self.config);
         cc.set("batch.num.messages", "1").set("linger.ms", "0");
         let p = cc
-            .create_with_context(KafkaContext { connected: self.connected.clone() })
+            .create_with_context(KafkaContext { connected: self.connected.clone(), cause: self.cause.clone() })
             .map_err(|e| SendError::Retriable(format!("second Kafka producer: {e}")))?;
         Ok(self.solo.get_or_init(|| p))
     }

@@ -76,6 +76,7 @@ impl KafkaConfig {
         if let Err(e) = Template::parse(&self.topic) {
             out.push(Problem::new("sink.kafka.topic", e, format!("e.g. {DEFAULT_TOPIC:?}")));
         }
+        out.extend(super::security::problems("sink.kafka.properties", &self.properties));
         for (k, v) in &self.properties {
             if k == "bootstrap.servers" {
                 out.push(Problem::new(

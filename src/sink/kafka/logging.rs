@@ -8,13 +8,33 @@ use rdkafka::consumer::ConsumerContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tracing::{debug, error, warn};
 
+/// A librdkafka log line; a TLS or SASL failure gets a `fix` field (see `security::fix_for`).
 pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
-    match level {
-        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+    let fix = super::security::fix_for(msg);
+    match (level, fix) {
+        (
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error,
+            Some(fix),
+        ) => {
+            error!(target: "kubecast::kafka", facility = fac, fix, "{msg}")
+        }
+        (
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error,
+            None,
+        ) => {
             error!(target: "kubecast::kafka", facility = fac, "{msg}")
         }
-        RDKafkaLogLevel::Warning => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
+        (RDKafkaLogLevel::Warning, Some(fix)) => warn!(target: "kubecast::kafka", facility = fac, fix, "{msg}"),
+        (RDKafkaLogLevel::Warning, None) => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
         _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
+    }
+}
+
+/// A client error (librdkafka's error callback) at ERROR, with a `fix` for TLS and SASL failures.
+pub(super) fn client_error(error: &KafkaError, reason: &str) {
+    match super::security::fix_for(reason) {
+        Some(fix) => error!(target: "kubecast::kafka", error = %error, fix, "Kafka client error: {reason}"),
+        None => error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}"),
     }
 }
 
@@ -40,7 +60,7 @@ impl ClientContext for LogContext {
         if is_normal(&error) {
             debug!(target: "kubecast::kafka", error = %error, "Kafka client: {reason}");
         } else {
-            error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}");
+            client_error(&error, reason);
         }
     }
 }

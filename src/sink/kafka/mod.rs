@@ -16,6 +16,7 @@ mod config;
 mod encode;
 mod logging;
 pub mod roles;
+pub mod security;
 pub mod transaction;
 
 pub use client::{KafkaContext, KafkaSink};

@@ -144,7 +144,12 @@ impl ClientContext for TxnContext {
         if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
             self.connected.store(false, Ordering::Relaxed);
         }
-        error!(target: "kubecast::kafka", error = %error, "Kafka transactional producer: {reason}");
+        match super::security::fix_for(reason) {
+            Some(fix) => {
+                error!(target: "kubecast::kafka", error = %error, fix, "Kafka transactional producer: {reason}")
+            }
+            None => error!(target: "kubecast::kafka", error = %error, "Kafka transactional producer: {reason}"),
+        }
     }
 }
 
