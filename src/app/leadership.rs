@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -105,6 +106,30 @@ pub async fn keep_lease(
     set_leader(false, 0);
     lost_token.cancel();
     result
+}
+
+/// Runs `work` while this process holds the Lease: when the keeper ends first (it lost the
+/// Lease), `work` is dropped at once, wherever it waits, and the keeper's error is returned
+/// (the keeper is then taken out of `keeper`). Without `[coordination]` (no keeper), `work`
+/// just runs.
+pub async fn while_held<T>(
+    keeper: &mut Option<JoinHandle<Result<(), RunError>>>,
+    work: impl Future<Output = Result<T, RunError>>,
+) -> Result<T, RunError> {
+    let mut work = std::pin::pin!(work);
+    let Some(handle) = keeper.as_mut() else { return work.await };
+    let kept = tokio::select! {
+        biased;
+        kept = handle => kept,
+        done = &mut work => return done,
+    };
+    keeper.take();
+    match kept {
+        Ok(Err(e)) => Err(e),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Given up on purpose (shutdown), which `work` notices itself.
+        _ => work.await,
+    }
 }
 
 fn lost(elector: &Elector, why: String) -> RunError {

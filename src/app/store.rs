@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::sink::{Sink, secret};
@@ -63,6 +63,7 @@ pub async fn open(
     cancel: &CancellationToken,
 ) -> Result<Option<Store>, CheckpointError> {
     let c = &config.checkpoint;
+    info!(store = ?c.store, "opening the state store");
     loop {
         let opened = match c.store {
             StoreKind::File => FileStore::open(&c.dir, owner.clone()).map(Store::File),
