@@ -83,12 +83,15 @@ pub async fn open(
                     Store::Kafka(s.into())
                 })
             }
-            StoreKind::Nats => {
-                let client = nats_client(config, sink).await?;
-                let cfg =
-                    NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
-                NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
-            }
+            // A server that cannot be reached (`[checkpoint.nats] url`) is retried too.
+            StoreKind::Nats => match nats_client(config, sink).await {
+                Ok(client) => {
+                    let cfg =
+                        NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
+                    NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
+                }
+                Err(e) => Err(e),
+            },
         };
         match opened {
             Ok(store) => return Ok(Some(store)),
