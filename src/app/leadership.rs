@@ -153,3 +153,56 @@ pub fn elector(client: &kube::Client, cfg: &CoordinationConfig, health: &Arc<Hea
     health.set_standby(Some("standby: waiting for the lease".into()));
     Some(Elector::new(client.clone(), cfg))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sets its flag when dropped: the work was abandoned.
+    struct Dropped(Arc<AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn lost() -> RunError {
+        RunError::LeaseLost { lease: "ns/l".into(), why: "another holds it".into() }
+    }
+
+    #[tokio::test]
+    async fn work_is_abandoned_as_soon_as_the_keeper_reports_the_lease_lost() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(dropped.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let mut keeper = Some(tokio::spawn(async move {
+            let _ = rx.await;
+            Err(lost())
+        }));
+        let work = async move {
+            let _guard = guard;
+            tx.send(()).unwrap(); // the Lease is lost while the work waits
+            std::future::pending::<Result<(), RunError>>().await
+        };
+        let e = while_held(&mut keeper, work).await.unwrap_err();
+        assert!(matches!(e, RunError::LeaseLost { .. }), "{e}");
+        assert!(dropped.load(Ordering::SeqCst), "the work was dropped");
+        assert!(keeper.is_none(), "the finished keeper is taken out");
+    }
+
+    #[tokio::test]
+    async fn work_runs_to_its_end_while_the_lease_is_held_or_without_a_keeper() {
+        let mut keeper = Some(tokio::spawn(std::future::pending::<Result<(), RunError>>()));
+        assert_eq!(while_held(&mut keeper, async { Ok(7) }).await.unwrap(), 7);
+        assert!(keeper.is_some(), "still keeping the Lease");
+        // A keeper stopped on purpose (shutdown): the work goes on and says itself how it ended.
+        let mut stopped = Some(tokio::spawn(async { Ok(()) }));
+        while !stopped.as_ref().unwrap().is_finished() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(while_held(&mut stopped, async { Ok(8) }).await.unwrap(), 8);
+        assert!(stopped.is_none(), "the finished keeper is taken out");
+        assert_eq!(while_held(&mut None, async { Ok(9) }).await.unwrap(), 9);
+    }
+}
