@@ -76,7 +76,7 @@ impl Place {
     }
 
     async fn open(&self, epoch: i64) -> Result<Store> {
-        let owner = Owner { cluster_uid: Some("bench".into()), epoch, writer: format!("bench-{epoch}") };
+        let owner = Owner { cluster_uid: Some("bench".into()), epoch: Some(epoch), writer: format!("bench-{epoch}") };
         Ok(match self.kind {
             Kind::File => Store::File(FileStore::open(self.dir.path(), owner)?),
             Kind::Kafka => {

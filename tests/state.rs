@@ -1,8 +1,9 @@
 //! State in the broker (`[checkpoint] store = "kafka" | "nats"`), against the real servers: a
 //! replaced pod with no disk resumes from the broker, also after 410 Gone; a corrupt record, a
 //! second cluster with the same `[cluster] name` and a second writer are refused; with
-//! `[coordination]`, a killed leader's standby continues where it ended, and a paused leader
-//! that wakes up never moves the state again.
+//! `[coordination]`, a killed leader's standby continues where it ended, a paused leader
+//! that wakes up never moves the state again, and a leader that loses the Lease while it opens
+//! the store stops without touching it.
 
 use kubecast_kit as common;
 
@@ -398,4 +399,76 @@ async fn kafka_a_paused_leader_never_moves_the_state_again() {
 #[tokio::test]
 async fn nats_a_paused_leader_never_moves_the_state_again() {
     paused_leader_never_moves_the_state(Kind::Nats).await;
+}
+
+/// The leader's broker does not answer (paused) while it opens the store; meanwhile the leader
+/// itself is paused past its Lease and a standby takes over, then the old leader wakes up: it
+/// abandons the opening at once, while the broker is still paused (it never reaches the
+/// store: no claim of the NATS position records, no Kafka `init_transactions` fencing the new
+/// holder). When the broker is back, the new leader opens the store and goes on: it is never
+/// fenced, it publishes every object, and every position record is its own, at the new epoch.
+async fn lease_lost_while_opening_the_store(kind: Kind) {
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "state-open-lost").await;
+    let mut uids: Vec<String> =
+        create_cms(&client, &ns.name, &names("c", 0..3)).await.into_values().map(|(u, _)| u).collect();
+    let store = Store::new(kind, "kubecast-state");
+    let config = common::lease_cm_config(&ns.name, &common::unique("lease"));
+    let service = if kind == Kind::Kafka { "kafka" } else { "nats" };
+    let paused = common::Paused::now(service, Duration::from_secs(90));
+    let mut a = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    a.wait_log("holding the lease", 1).await;
+    a.wait_log("opening the state store", 1).await;
+    a.signal("STOP");
+    let mut b = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    b.wait_log("holding the lease", 1).await;
+    b.wait_log("opening the state store", 1).await;
+
+    // The old leader wakes up while the broker is still paused: it notices the lost Lease
+    // within a retry period and stops, without waiting for the broker.
+    a.signal("CONT");
+    let status = a.wait_exit(Duration::from_secs(10)).await;
+    assert!(!status.success(), "{}", a.log());
+    let log = a.log();
+    assert!(log.contains("lost the lease while opening the state store"), "{log}");
+    assert!(!log.contains("stream positions loaded"), "it never read the state:\n{log}");
+    drop(paused);
+
+    b.wait_for("the objects from the new leader", WAIT, |e| e.len() >= 3).await;
+    uids.extend(create_cms(&client, &ns.name, &names("d", 0..1)).await.into_values().map(|(u, _)| u));
+    let d = format!("{}/d00", ns.name);
+    b.wait_for("d00 from the new leader", WAIT, |e| !about(e, &d).is_empty()).await;
+    let want: BTreeSet<String> = ["c00", "c01", "c02", "d00"].iter().map(|n| format!("{}/{n}", ns.name)).collect();
+    let got: BTreeSet<String> = b.events().iter().map(|e| e["subject"].as_str().unwrap().to_string()).collect();
+    assert!(got.is_superset(&want), "every object from the new leader: {got:?}");
+    assert!(a.events().is_empty(), "the old leader published nothing");
+    // The state covers every object (an index record each), under the new leader's position.
+    let deadline = Instant::now() + WAIT;
+    let position = loop {
+        let records = store.records().await;
+        let indexed = uids.iter().all(|u| records.keys().any(|k| k.ends_with(&format!(".o.{u}"))));
+        let ps: Vec<&Vec<u8>> =
+            records.iter().filter(|(k, _)| k.ends_with(".p")).filter_map(|(_, v)| v.as_ref()).collect();
+        if indexed && ps.len() == 1 {
+            break serde_json::from_slice::<Value>(ps[0]).unwrap();
+        }
+        assert!(Instant::now() < deadline, "the new leader's state never stored: {:?}", records.keys());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(position["epoch"], 1, "written under the new lease epoch: {position}");
+    let writer = position["writer"].as_str().unwrap();
+    assert!(b.log().contains(writer) && !a.log().contains(writer), "the new leader wrote it: {position}");
+    assert!(b.exited().is_none(), "the new leader was never fenced:\n{}", b.log());
+    assert!(!b.log().contains("another kubecast process owns the state now"), "{}", b.log());
+    assert!(b.stop().success(), "{}", b.log());
+}
+
+#[tokio::test]
+async fn kafka_a_lease_lost_while_opening_the_state_topic_leaves_it_to_the_new_leader() {
+    lease_lost_while_opening_the_store(Kind::Kafka).await;
+}
+
+#[tokio::test]
+async fn nats_a_lease_lost_while_opening_the_state_bucket_leaves_it_to_the_new_leader() {
+    lease_lost_while_opening_the_store(Kind::Nats).await;
 }

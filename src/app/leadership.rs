@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
@@ -107,6 +108,30 @@ pub async fn keep_lease(
     result
 }
 
+/// Runs `work` while this process holds the Lease: when the keeper ends first (it lost the
+/// Lease), `work` is dropped at once, wherever it waits, and the keeper's error is returned
+/// (the keeper is then taken out of `keeper`). Without `[coordination]` (no keeper), `work`
+/// just runs.
+pub async fn while_held<T>(
+    keeper: &mut Option<JoinHandle<Result<(), RunError>>>,
+    work: impl Future<Output = Result<T, RunError>>,
+) -> Result<T, RunError> {
+    let mut work = std::pin::pin!(work);
+    let Some(handle) = keeper.as_mut() else { return work.await };
+    let kept = tokio::select! {
+        biased;
+        kept = handle => kept,
+        done = &mut work => return done,
+    };
+    keeper.take();
+    match kept {
+        Ok(Err(e)) => Err(e),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Given up on purpose (shutdown), which `work` notices itself.
+        _ => work.await,
+    }
+}
+
 fn lost(elector: &Elector, why: String) -> RunError {
     error!(lease = %elector.lease(), why = %why, "lost the lease: stopping at once");
     RunError::LeaseLost { lease: elector.lease(), why }
@@ -127,4 +152,57 @@ pub fn elector(client: &kube::Client, cfg: &CoordinationConfig, health: &Arc<Hea
     }
     health.set_standby(Some("standby: waiting for the lease".into()));
     Some(Elector::new(client.clone(), cfg))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Sets its flag when dropped: the work was abandoned.
+    struct Dropped(Arc<AtomicBool>);
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn lost() -> RunError {
+        RunError::LeaseLost { lease: "ns/l".into(), why: "another holds it".into() }
+    }
+
+    #[tokio::test]
+    async fn work_is_abandoned_as_soon_as_the_keeper_reports_the_lease_lost() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(dropped.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let mut keeper = Some(tokio::spawn(async move {
+            let _ = rx.await;
+            Err(lost())
+        }));
+        let work = async move {
+            let _guard = guard;
+            tx.send(()).unwrap(); // the Lease is lost while the work waits
+            std::future::pending::<Result<(), RunError>>().await
+        };
+        let e = while_held(&mut keeper, work).await.unwrap_err();
+        assert!(matches!(e, RunError::LeaseLost { .. }), "{e}");
+        assert!(dropped.load(Ordering::SeqCst), "the work was dropped");
+        assert!(keeper.is_none(), "the finished keeper is taken out");
+    }
+
+    #[tokio::test]
+    async fn work_runs_to_its_end_while_the_lease_is_held_or_without_a_keeper() {
+        let mut keeper = Some(tokio::spawn(std::future::pending::<Result<(), RunError>>()));
+        assert_eq!(while_held(&mut keeper, async { Ok(7) }).await.unwrap(), 7);
+        assert!(keeper.is_some(), "still keeping the Lease");
+        // A keeper stopped on purpose (shutdown): the work goes on and says itself how it ended.
+        let mut stopped = Some(tokio::spawn(async { Ok(()) }));
+        while !stopped.as_ref().unwrap().is_finished() {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(while_held(&mut stopped, async { Ok(8) }).await.unwrap(), 8);
+        assert!(stopped.is_none(), "the finished keeper is taken out");
+        assert_eq!(while_held(&mut None, async { Ok(9) }).await.unwrap(), 9);
+    }
 }

@@ -19,9 +19,9 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 pub use super::error::RunError;
 use super::preflight::{check_dead_letter, check_nats_streams};
@@ -68,21 +68,33 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
             let writer = elector.identity().to_string();
             let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), lease_lost.clone());
             lease = Some(tokio::spawn(keeper));
-            (i64::from(epoch), writer)
+            (Some(i64::from(epoch)), writer)
         }
         None => {
             crate::observe::metrics::get().leader.set(1);
-            (0, pipeline.config.coordination.identity())
+            (None, pipeline.config.coordination.identity())
         }
     };
-    // The state, opened and read only by the active process.
-    let owner = Owner { cluster_uid: store::cluster_uid(&client).await, epoch, writer };
-    let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
-    let Some(state) = store::open(&pipeline.config, &sink, &keys, owner, &cancel).await? else {
-        info!("stopped before the state store could be opened");
-        return Ok(());
-    };
-    pipeline.load(state).await?;
+    // The state, opened and read only by the active process, and only while it holds the
+    // Lease: abandoned as soon as the keeper reports it lost.
+    match leadership::while_held(&mut lease, open_state(&mut pipeline, &client, &sink, epoch, writer, &cancel)).await {
+        Ok(true) => {}
+        Ok(false) => {
+            info!("stopped before the state store could be opened");
+            stop_keeper(lease, &lease_stop).await;
+            return Ok(());
+        }
+        Err(e) => {
+            if matches!(e, RunError::LeaseLost { .. }) {
+                warn!(
+                    "lost the lease while opening the state store: opening abandoned, the state is left to the new holder"
+                );
+            }
+            cancel.cancel();
+            stop_keeper(lease, &lease_stop).await;
+            return Err(e);
+        }
+    }
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     let reflectors = pipeline.reflectors(&client, &api_limiter, &health, &items_tx);
@@ -149,4 +161,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     info!("kubecast stopped");
     outcome.into_result()
+}
+
+/// Opens the state store and loads every stream's position; `false` when shutdown came first.
+async fn open_state(
+    pipeline: &mut Pipeline,
+    client: &kube::Client,
+    sink: &Sink,
+    epoch: Option<i64>,
+    writer: String,
+    cancel: &CancellationToken,
+) -> Result<bool, RunError> {
+    let owner = Owner { cluster_uid: store::cluster_uid(client).await, epoch, writer };
+    let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
+    let Some(state) = store::open(&pipeline.config, sink, &keys, owner, cancel).await? else {
+        return Ok(false);
+    };
+    pipeline.load(state).await?;
+    Ok(true)
+}
+
+/// Stops the lease keeper, if it still runs: it gives the Lease up, so a standby takes over at
+/// once.
+async fn stop_keeper(lease: Option<JoinHandle<Result<(), RunError>>>, stop: &CancellationToken) {
+    stop.cancel();
+    if let Some(keeper) = lease {
+        let _ = keeper.await;
+    }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::sink::{Sink, secret};
@@ -63,6 +63,7 @@ pub async fn open(
     cancel: &CancellationToken,
 ) -> Result<Option<Store>, CheckpointError> {
     let c = &config.checkpoint;
+    info!(store = ?c.store, "opening the state store");
     loop {
         let opened = match c.store {
             StoreKind::File => {
@@ -89,12 +90,15 @@ pub async fn open(
                     Store::Kafka(s.into())
                 })
             }
-            StoreKind::Nats => {
-                let client = nats_client(config, sink).await?;
-                let cfg =
-                    NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
-                NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
-            }
+            // A server that cannot be reached (`[checkpoint.nats] url`) is retried too.
+            StoreKind::Nats => match nats_client(config, sink).await {
+                Ok(client) => {
+                    let cfg =
+                        NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
+                    NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
+                }
+                Err(e) => Err(e),
+            },
         };
         match opened {
             Ok(store) => return Ok(Some(store)),

@@ -377,14 +377,15 @@ async fn scan(config: &Config) -> Result<(String, Vec<Stored>), StateError> {
 }
 
 /// Refuses while another process holds the config's Lease (unless `force`); returns the
-/// Lease's epoch (`leaseTransitions`; 0 without `[coordination]`).
-async fn check_lease(config: &Config, client: &kube::Client, force: bool) -> Result<i64, StateError> {
+/// Lease's epoch (`leaseTransitions`; `None` without `[coordination]`, without a Lease or when
+/// `--force` writes without reading it).
+async fn check_lease(config: &Config, client: &kube::Client, force: bool) -> Result<Option<i64>, StateError> {
     let c = &config.coordination;
     if !c.enabled {
         eprintln!(
             "note: no [coordination] in the config: whether a kubecast is running on this state cannot be checked (the file store's directory lock still refuses a second process)"
         );
-        return Ok(0);
+        return Ok(None);
     }
     let ns = c.namespace();
     let lease = format!("{ns}/{}", c.lease_name);
@@ -393,12 +394,12 @@ async fn check_lease(config: &Config, client: &kube::Client, force: bool) -> Res
         Ok(l) => l,
         Err(e) if force => {
             eprintln!("warning: lease {lease} cannot be read ({e}); --force: writing anyway");
-            return Ok(0);
+            return Ok(None);
         }
         Err(e) => return Err(StateError::Lease { lease, cause: e.to_string() }),
     };
-    let Some(spec) = found.and_then(|l| l.spec) else { return Ok(0) };
-    let epoch = i64::from(spec.lease_transitions.unwrap_or(0));
+    let Some(spec) = found.and_then(|l| l.spec) else { return Ok(None) };
+    let epoch = Some(i64::from(spec.lease_transitions.unwrap_or(0)));
     let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
     let (Some(holder), Some(renewed)) = (holder, spec.renew_time.clone()) else { return Ok(epoch) };
     let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(0).max(0)) * 1000;

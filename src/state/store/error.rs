@@ -34,6 +34,12 @@ pub enum CheckpointError {
         "{what}: another kubecast process owns the state now ({why}); this one stops writing and publishing (fix: none needed if that process is the new leader; else give each deployment its own [cluster] name or state topic/bucket)"
     )]
     Fenced { what: String, why: String },
+    /// The state was written under a higher lease epoch than this process holds: a later
+    /// holder of the Lease owns it. Refused before anything is written.
+    #[error(
+        "{what} was written under lease epoch {stored} (by {writer}), and this process holds epoch {ours}: a later holder of the Lease owns the state, so this process does not write it and stops (fix: none needed if that holder is the active process now; if the Lease was deleted and made again, set its spec.leaseTransitions to {stored} so that the next holder's epoch is higher)"
+    )]
+    Superseded { what: String, stored: i64, ours: i64, writer: String },
     #[error("{what}: {cause}")]
     Broker { what: String, cause: String },
     /// Exactly-once: the delivery stopped between an event's send and its acknowledgement, so
@@ -54,6 +60,7 @@ impl CheckpointError {
         matches!(
             self,
             Self::Fenced { .. }
+                | Self::Superseded { .. }
                 | Self::OtherCluster { .. }
                 | Self::Locked { .. }
                 | Self::Unusable { .. }

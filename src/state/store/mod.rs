@@ -12,9 +12,10 @@
 //! delivered objects) and is written with [`Delta`]s: what changed since the last write, so
 //! writes are in proportion to the changes, not to the index. A record that cannot be read, of
 //! another query or of another cluster is an error naming it, never a silent replay. Every
-//! position record carries the lease epoch it was written under (for the operator; the
-//! fencing itself is the store's: a process that just took the Lease always holds the current
-//! epoch, so a higher stored one means the Lease was made again).
+//! position record carries the lease epoch it was written under: a process holding a lower
+//! epoch than one stored is refused as it loads ([`CheckpointError::Superseded`]), before it
+//! writes (a later holder of the Lease owns the state; the file store keeps no epoch: its
+//! directory lock admits one process).
 //!
 //! Invariant: only the owner of the store writes it (the file lock, the Kafka producer epoch,
 //! the NATS revision); an [`CheckpointError::Fenced`] write stops the process.

@@ -303,7 +303,7 @@ impl NatsStore {
             Err(e) => return broker(&what, format!("reading the position record of {id}: {e}")),
         };
         let ours = serde_json::from_slice::<PositionRecord>(&entry.value)
-            .is_ok_and(|p| p.writer == self.owner.writer && p.epoch == self.owner.epoch);
+            .is_ok_and(|p| p.writer == self.owner.writer && p.epoch == self.owner.epoch.unwrap_or(0));
         if !ours {
             return fenced;
         }

@@ -60,7 +60,7 @@ impl PositionRecord {
             format: RECORD_FORMAT,
             stream: key.clone(),
             cluster_uid: owner.cluster_uid.clone(),
-            epoch: owner.epoch,
+            epoch: owner.epoch.unwrap_or(0),
             writer: owner.writer.clone(),
             resource_version: rv.map(str::to_string),
             acked_ahead: acked_ahead.to_vec(),
@@ -139,18 +139,7 @@ impl<'a> Loader<'a> {
                     });
                 }
                 check_cluster(&self.place, key, p.cluster_uid.as_deref(), self.owner)?;
-                if p.epoch > self.owner.epoch {
-                    // Not a zombie: a process that just took the Lease holds its current epoch.
-                    // The Lease was deleted and made again, or [coordination] was turned off;
-                    // the store's own fencing (producer epoch, revision) still holds.
-                    tracing::warn!(
-                        record = key,
-                        stored_epoch = p.epoch,
-                        epoch = self.owner.epoch,
-                        writer = %p.writer,
-                        "state written under a higher lease epoch than this process holds: the Lease was made again or [coordination] changed; continuing"
-                    );
-                }
+                check_epoch(&self.place, key, &p, self.owner)?;
                 self.positions[slot] = Some(p);
             }
             (Rest::Object(uid), None) => {
@@ -280,6 +269,21 @@ pub fn check_cluster(place: &str, what: &str, stored: Option<&str>, owner: &Owne
     Ok(())
 }
 
+/// Refuses state written under a higher lease epoch than `owner` holds: a later holder of the
+/// Lease owns it (this process lost the Lease, or the Lease was made again). A process that
+/// holds no Lease (`epoch` `None`) is not compared.
+pub fn check_epoch(place: &str, what: &str, stored: &PositionRecord, owner: &Owner) -> Result<(), CheckpointError> {
+    match owner.epoch {
+        Some(ours) if stored.epoch > ours => Err(CheckpointError::Superseded {
+            what: format!("{place} record {what:?}"),
+            stored: stored.epoch,
+            ours,
+            writer: stored.writer.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 enum Rest<'k> {
     Position,
     Object(&'k str),
@@ -324,7 +328,7 @@ mod tests {
     }
 
     fn owner(epoch: i64, uid: Option<&str>) -> Owner {
-        Owner { cluster_uid: uid.map(Into::into), epoch, writer: "w".into() }
+        Owner { cluster_uid: uid.map(Into::into), epoch: Some(epoch), writer: "w".into() }
     }
 
     #[test]
@@ -351,8 +355,7 @@ mod tests {
         let mut l = Loader::new("test", &keys, &mine);
         let e = l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-b"))))).unwrap_err().to_string();
         assert!(e.contains("uid-b") && e.contains("uid-a"), "{e}");
-        // A higher epoch is the Lease made again, not a zombie: loaded (with a warning).
-        l.apply(&position_key(&k.id()), Some(&p(&owner(4, Some("uid-a"))))).unwrap();
+        l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-a"))))).unwrap();
         let e = l.apply(&object_key(&k.id(), "u"), Some(b"{")).unwrap_err().to_string();
         assert!(e.contains(".o.u"), "names the record: {e}");
         let e = l.apply(&position_key(&k.id()), Some(b"{\"format\":9}")).unwrap_err().to_string();
@@ -362,6 +365,44 @@ mod tests {
         let mut l = Loader::new("test", &keys, &mine);
         l.apply(&object_key(&k.id(), "u"), Some(&encode_object((&entry("1")).into()))).unwrap();
         assert!(l.finish().unwrap_err().to_string().contains("no position record"));
+    }
+
+    /// State written under a higher lease epoch belongs to a later holder of the Lease: refused,
+    /// naming the record, both epochs and the writer; the same or a lower epoch is loaded, and
+    /// a process without a Lease is not compared.
+    #[test]
+    fn a_higher_stored_epoch_is_refused() {
+        let keys = [key("Deployment")];
+        let k = &keys[0];
+        let record = |epoch: i64| {
+            let writer = Owner { writer: "kubecast-b".into(), ..owner(epoch, None) };
+            PositionRecord::new(k, &writer, Some("10"), &[]).encode()
+        };
+        let mine = owner(3, None);
+        let mut l = Loader::new("NATS bucket s", &keys, &mine);
+        let e = l.apply(&position_key(&k.id()), Some(&record(4))).unwrap_err();
+        assert!(e.is_fatal(), "{e}");
+        let text = e.to_string();
+        for part in [
+            "NATS bucket s",
+            &position_key(&k.id()),
+            "lease epoch 4",
+            "kubecast-b",
+            "holds epoch 3",
+            "leaseTransitions",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from: {text}");
+        }
+        for epoch in [3, 2, 0] {
+            let mut l = Loader::new("test", &keys, &mine);
+            l.apply(&position_key(&k.id()), Some(&record(epoch))).unwrap();
+            assert_eq!(l.finish().unwrap()[0].as_ref().unwrap().resource_version.as_deref(), Some("10"));
+        }
+        let no_lease = Owner { epoch: None, ..mine };
+        let mut l = Loader::new("test", &keys, &no_lease);
+        l.apply(&position_key(&k.id()), Some(&record(7))).unwrap();
+        // What a process without a Lease writes is stored as epoch 0.
+        assert_eq!(PositionRecord::new(k, &no_lease, None, &[]).epoch, 0);
     }
 
     #[test]

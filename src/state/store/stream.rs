@@ -48,8 +48,9 @@ pub fn short_hash(bytes: &[u8]) -> String {
 pub struct Owner {
     /// The uid of the cluster's `kube-system` namespace (`None` when it cannot be read).
     pub cluster_uid: Option<String>,
-    /// The lease epoch (`leaseTransitions`) this process holds; 0 without `[coordination]`.
-    pub epoch: i64,
+    /// The lease epoch (`leaseTransitions`) this process holds; `None` when it holds no Lease
+    /// (without `[coordination]`; stored as 0). State written under a higher epoch is refused.
+    pub epoch: Option<i64>,
     /// This process (the lease identity, or host and pid).
     pub writer: String,
 }

@@ -17,7 +17,7 @@ fn e(name: &str, rv: &str) -> IndexEntry {
 }
 
 fn me() -> Owner {
-    Owner { cluster_uid: Some("cluster-a".into()), epoch: 0, writer: "t".into() }
+    Owner { cluster_uid: Some("cluster-a".into()), epoch: None, writer: "t".into() }
 }
 
 fn full(rv: &str, objects: &[(&str, IndexEntry)]) -> Delta {
