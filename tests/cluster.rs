@@ -364,6 +364,59 @@ async fn nats_install_and_a_deleted_pod_lose_nothing() {
     no_second_snapshot(&verdict.events);
 }
 
+/// The way managed Kafka services run: the sink and the state store over SASL_SSL
+/// (SCRAM-SHA-512) from a pod, the password from a Secret (`secretEnv`), the broker's CA from
+/// a ConfigMap mounted into the pod (`extraVolumes`). Events flow, the replacement of the pod
+/// resumes from the state in Kafka, and the password is in no log line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_over_sasl_ssl_from_a_pod_with_a_secret_and_a_mounted_ca() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: false }).await;
+    let client = client().await;
+    let password = common::env_var("KAFKA_SCRAM_PASSWORD");
+    let ca = std::fs::read_to_string(common::env_var("KAFKA_CA_FILE")).expect("the test broker's CA");
+    common::create_cm(&client, &r.ns.name, "kafka-ca", json!({}), json!({"ca.crt": ca})).await;
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(json!({
+        "metadata": {"name": "kafka-credentials"},
+        "stringData": {"password": password}
+    }))
+    .unwrap();
+    Api::namespaced(client.clone(), &r.ns.name).create(&Default::default(), &secret).await.expect("the Secret");
+    let mut values = r.values(json!({
+        "secretEnv": [{"name": "KAFKA_PASSWORD", "secretName": "kafka-credentials", "key": "password"}],
+        "extraVolumes": [{"name": "kafka-ca", "configMap": {"name": "kafka-ca"}}],
+        "extraVolumeMounts": [{"name": "kafka-ca", "mountPath": "/etc/kafka-ca", "readOnly": true}]
+    }));
+    values["config"]["sink"]["kafka"]["brokers"] = json!(common::env_var("KAFKA_NODE_SASL_SSL_BROKERS"));
+    values["config"]["sink"]["kafka"]["properties"] = json!({
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": common::env_var("KAFKA_SCRAM_USER"),
+        "sasl.password": "${env:KAFKA_PASSWORD}",
+        "ssl.ca.location": "/etc/kafka-ca/ca.crt"
+    });
+    r.helm("install", &values).await;
+    r.one_leader().await;
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow over SASL_SSL: {}", r.logs());
+    let pod = r.pods().remove(0).name;
+    let ns = r.ns.name.clone();
+    blocking(move || kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=true"])).await;
+    node::rollout(&r.ns.name, "kubecast");
+    r.one_leader().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("Kafka over SASL_SSL from a pod", &verdict);
+    no_second_snapshot(&verdict.events);
+    // Every container's log, the replaced pod's too (kept by the release's log keeper).
+    let logs: String = std::fs::read_dir(&r._logs.dir)
+        .unwrap()
+        .map(|f| std::fs::read_to_string(f.unwrap().path()).unwrap_or_default())
+        .collect();
+    assert!(logs.contains("kubecast running"), "the pods' logs were kept: {}", r._logs.dir.display());
+    assert!(!logs.contains(&password), "the SCRAM password is in no log line");
+}
+
 /// Sidecar mode: the chart's PodTemplate's container and volumes added to a Deployment of 3
 /// replicas of another workload; one of the three kubecasts is active.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
