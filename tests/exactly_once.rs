@@ -178,7 +178,7 @@ async fn a_broker_restart_in_the_middle_of_a_transaction_stays_exactly_once() {
 /// the broker answers again, neither aborted nor sent again; kubecast goes on committing and
 /// stays exactly once.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "flaky: failed once in a full-suite run (after the resume every commit timed out again, aborted with _INCONSISTENT deliveries, for 2 min); passed in 4 other runs. Run with --ignored while the recovery after a long pause is investigated"]
+#[ignore = "fails about 1 run in 4: after the pause the timed-out commit completes, but the next transaction's records are not delivered within the 60 s message timeout (`_INCONSISTENT: N message(s) failed delivery`) and its abort times out too, so nothing commits for over 2 min; the librdkafka state behind it is not understood yet. Run with --ignored"]
 async fn a_commit_that_times_out_is_finished_when_the_broker_answers_again() {
     let _exclusive = BROKER.write().unwrap_or_else(|e| e.into_inner());
     let client = client().await;
