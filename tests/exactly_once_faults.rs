@@ -335,8 +335,8 @@ async fn a_send_waiting_for_room_does_not_hold_up_the_commit_that_frees_it() {
 ///
 /// The outage (~95 s) outlives the producer's transaction timeout (60 s): when the restarted
 /// broker aborts the open transaction before kubecast's next commit reaches it, that commit
-/// fails with INVALID_TXN_STATE, which kubecast takes as fenced and stops (seen in 2 of 5
-/// runs); the check after the outage names it.
+/// fails with INVALID_TXN_STATE, which kubecast takes as fenced and stops (seen with the
+/// outage 90 s past the bound, not with 60 s); the check after the outage names it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_long_broker_outage_keeps_the_uncommitted_events_bounded_and_loses_nothing() {
     const MAX_BYTES: u64 = 256 * 1024;
