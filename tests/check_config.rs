@@ -129,6 +129,17 @@ const BAD: &[BadCase] = &[
         &["sink.paht", "unknown key `paht`", "type, path"],
     ),
     ("wrong type", "[cluster]\nname = 5", &[], &["cluster.name", "wrong type", "string"]),
+    (
+        "too small a bound on the uncommitted events",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\nmax_uncommitted_events = 0\nmax_uncommitted_bytes = 1000",
+        &[],
+        &[
+            "sink.kafka.max_uncommitted_events",
+            "is 0",
+            "sink.kafka.max_uncommitted_bytes",
+            "below the minimum of 65536",
+        ],
+    ),
     ("unknown sink type", "[sink]\ntype = \"kafak\"", &[], &["sink.type", "\"kafak\"", "stdout, file, kafka, nats"]),
     ("file sink without path", "[sink]\ntype = \"file\"", &[], &["sink.path", "is required", "KUBECAST_SINK__PATH"]),
     (

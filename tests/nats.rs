@@ -684,3 +684,45 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+/// A nats-server of this test's own stopped and started again on the same port and store:
+/// kubecast reconnects by itself (jittered backoff, forever), and the change made while the
+/// server was away arrives after it is back.
+#[tokio::test]
+async fn kubecast_reconnects_after_the_server_was_away() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "nats-reconnect").await;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    std::fs::write(
+        dir.path().join("server.conf"),
+        format!("listen: 127.0.0.1:{port}\njetstream {{ store_dir: \"{d}/js\" }}\n"),
+    )
+    .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+    let (server, js) = own_server(dir.path(), &url, "away", || async { async_nats::ConnectOptions::new() }).await;
+    let config = format!("[cluster]\nname = \"{}\"\n{}", cluster_name(), cm_resource(&ns.name, ""));
+    let sink =
+        format!("[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{url}\"\nsubject = \"away.{{cluster}}.{{resource}}\"\n");
+    create_cm(&client, &ns.name, "before", json!({}), json!({})).await;
+    let mut k = Kubecast::start_with_sink(&config, &sink, "", &[]);
+    let subject_of = |m: &Msg| m.json()["subject"].as_str().unwrap_or_default().to_string();
+    read_stream(&js, "AWAY", "the change before", |m| m.iter().any(|m| subject_of(m).ends_with("/before"))).await;
+
+    drop(server);
+    k.wait_log("disconnected from NATS; reconnecting", 1).await;
+    create_cm(&client, &ns.name, "during", json!({}), json!({})).await;
+    k.wait_ready_reason("sink").await;
+    let (server, js) = own_server(dir.path(), &url, "away", || async { async_nats::ConnectOptions::new() }).await;
+    let msgs = read_stream(&js, "AWAY", "the change made while away", |m| {
+        m.iter().any(|m| subject_of(m).ends_with("/during"))
+    })
+    .await;
+    let during = msgs.iter().filter(|m| subject_of(m).ends_with("/during")).count();
+    assert_eq!(during, 1, "delivered once (Nats-Msg-Id)");
+    k.wait_log("connected to NATS", 2).await;
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    drop(server);
+}

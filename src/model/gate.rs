@@ -10,8 +10,15 @@
 //! hold records (or half of an event's records) that no state covers, so it must never be
 //! committed; [`Sealed::broken`] tells the commit to abort instead.
 //!
-//! Invariant: while a [`Sealed`] lives, no [`Pass`] does.
+//! A send that must wait before it puts anything into the transaction (exactly-once: the
+//! transaction holds as many uncommitted events as it may, and only a commit frees room)
+//! waits [`Gate::outside`]: its pass is given back meanwhile, so the commit that frees the
+//! room can seal the gate; it passes again (after that commit) before it puts its event in.
+//!
+//! Invariant: while a [`Sealed`] lives, no [`Pass`] does (a pass waiting outside is not
+//! counted; it comes back only once the seal ended).
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
@@ -77,6 +84,52 @@ impl Gate {
                 }
                 if s.passes == 0 {
                     return Sealed(self.clone());
+                }
+            }
+            changed.await;
+        }
+    }
+
+    /// Runs `wait` with the caller's pass given back, then passes again (waiting while the
+    /// gate is sealed). For a send that put nothing of its event into the transaction yet and
+    /// waits for something only a commit brings (room): a seal does not wait for it, so that
+    /// commit can happen. The caller holds a pass (the delivery queue's, for this event).
+    ///
+    /// Cancelled (the send's future dropped), the pass is counted again at once: the caller's
+    /// [`Pass`] is dropped with it, unsettled, and breaks the gate as it would have anyway.
+    pub async fn outside<T>(self: &Arc<Self>, wait: impl Future<Output = T>) -> T {
+        /// Counts the pass again if the wait is cancelled (the caller's pass is dropped next).
+        struct Away<'a> {
+            gate: &'a Gate,
+            back: bool,
+        }
+        impl Drop for Away<'_> {
+            fn drop(&mut self) {
+                if !self.back {
+                    self.gate.lock().passes += 1;
+                }
+            }
+        }
+        {
+            let mut s = self.lock();
+            s.passes = s.passes.checked_sub(1).expect("Gate::outside: the caller holds a pass");
+            if s.passes == 0 && s.sealed {
+                drop(s);
+                self.changed.notify_waiters();
+            }
+        }
+        let mut away = Away { gate: self, back: false };
+        let out = wait.await;
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if !s.sealed {
+                    s.passes += 1;
+                    away.back = true;
+                    return out;
                 }
             }
             changed.await;
@@ -171,5 +224,54 @@ mod tests {
         assert!(gate.seal().await.broken(), "the next seal sees it");
         gate.pass().await.settle();
         assert!(gate.seal().await.broken(), "and every one after");
+    }
+
+    #[tokio::test]
+    async fn a_seal_does_not_wait_for_a_pass_waiting_outside_which_passes_again_after_it() {
+        let gate = Arc::new(Gate::default());
+        let pass = gate.pass().await;
+        let room = Arc::new(tokio::sync::Notify::new());
+        let (g, r) = (gate.clone(), room.clone());
+        // The send: waits outside until the commit frees room, then is back in.
+        let send = tokio::spawn(async move {
+            g.outside(r.notified()).await;
+            pass
+        });
+        // The commit seals although the send still holds its pass.
+        let sealed =
+            tokio::time::timeout(Duration::from_secs(5), gate.seal()).await.expect("sealed while a send waits");
+        assert_eq!(gate.passes(), 0);
+        room.notify_one();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!send.is_finished(), "not back in while sealed");
+        drop(sealed);
+        let pass = tokio::time::timeout(Duration::from_secs(5), send).await.expect("back after the seal").unwrap();
+        assert_eq!(gate.passes(), 1);
+        pass.settle();
+        assert_eq!(gate.passes(), 0);
+        assert!(!gate.broken());
+    }
+
+    #[tokio::test]
+    async fn a_wait_outside_cut_short_leaves_the_count_whole_and_the_gate_broken() {
+        let gate = Arc::new(Gate::default());
+        let pass = gate.pass().await;
+        let g = gate.clone();
+        let send = tokio::spawn(async move {
+            let _pass = pass;
+            g.outside(std::future::pending::<()>()).await;
+        });
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while gate.passes() != 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("outside");
+        send.abort();
+        assert!(send.await.unwrap_err().is_cancelled());
+        assert_eq!(gate.passes(), 0, "counted again, then dropped");
+        assert!(gate.broken(), "the pass was dropped unsettled");
+        tokio::time::timeout(Duration::from_secs(5), gate.seal()).await.expect("sealed");
     }
 }

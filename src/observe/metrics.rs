@@ -86,6 +86,10 @@ pub struct Metrics {
     pub transactions: Family<Outcome, Counter>,
     /// Exactly-once into Kafka: events in the open transaction.
     pub transaction_events: Gauge,
+    /// Exactly-once into Kafka: their bytes.
+    pub transaction_bytes: Gauge,
+    /// Exactly-once into Kafka: times sends waited for a commit to free room.
+    pub transaction_full: Counter,
 }
 
 impl Metrics {
@@ -118,6 +122,8 @@ impl Metrics {
             build_info: Family::default(),
             transactions: Family::default(),
             transaction_events: Gauge::default(),
+            transaction_bytes: Gauge::default(),
+            transaction_full: Counter::default(),
         };
         let r = &mut registry;
         r.register("events_observed", "Changes read from the watches and lists", m.events_observed.clone());
@@ -198,6 +204,17 @@ impl Metrics {
             "kafka_transaction_events",
             "Events in the open Kafka transaction ([sink.kafka] exactly_once), not visible to read_committed consumers yet",
             m.transaction_events.clone(),
+        );
+        r.register_with_unit(
+            "kafka_transaction",
+            "Bytes of the events in the open Kafka transaction ([sink.kafka] exactly_once; at most max_uncommitted_bytes)",
+            Unit::Bytes,
+            m.transaction_bytes.clone(),
+        );
+        r.register(
+            "kafka_transaction_full",
+            "Times the uncommitted events reached [sink.kafka] max_uncommitted_events or max_uncommitted_bytes: sends waited for a commit to free room",
+            m.transaction_full.clone(),
         );
         m.build_info.get_or_create(&Build { version: env!("CARGO_PKG_VERSION") }).set(1);
         Metrics { registry, ..m }

@@ -48,6 +48,13 @@ fn api_error(status: http::StatusCode, body: &[u8]) -> kube::Error {
     kube::Error::Api(status.boxed())
 }
 
+/// The longest watch line kept while its end has not come: the apiserver refuses objects
+/// larger than its 3 MiB request limit (etcd's own is 1.5 MiB), and an object's JSON in a
+/// watch event is at most about a third larger (base64 of binary data); 16 MiB leaves ample
+/// margin. A line past it is no event of a sane apiserver (a proxy sending something else, a
+/// stream that never ends a line): the watch fails rather than buffering without bound.
+pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
+
 /// The events of a watch response body, one per line.
 fn events(body: kube::client::Body) -> impl Stream<Item = Result<WatchEvent<RawObject>, kube::Error>> {
     let state = Lines { body, split: LineSplitter::default(), ended: false };
@@ -72,6 +79,12 @@ impl Lines {
                     continue;
                 }
                 return Some(Ok(line));
+            }
+            let partial = self.split.partial_len();
+            if partial > MAX_LINE_BYTES {
+                self.split = LineSplitter::default();
+                self.ended = true;
+                return Some(Err(line_too_long(partial)));
             }
             if self.ended {
                 let partial = self.split.partial_len();
@@ -102,6 +115,15 @@ impl Lines {
             }
         }
     }
+}
+
+fn line_too_long(bytes: usize) -> kube::Error {
+    kube::Error::ReadEvents(std::io::Error::new(
+        std::io::ErrorKind::InvalidData,
+        format!(
+            "a watch event line reached {bytes} bytes without its end, more than the {MAX_LINE_BYTES} kubecast accepts (the apiserver's objects are at most a few MiB): the response is not a Kubernetes watch (check a proxy between kubecast and the apiserver); the watch is dropped"
+        ),
+    ))
 }
 
 /// Splits the body's frames into lines without copying a line that lies within one frame: it
@@ -322,6 +344,37 @@ mod tests {
             proptest::prop_assert_eq!(got, want);
             proptest::prop_assert_eq!(partial, 0);
         }
+    }
+
+    /// The lines of a body (one frame), or the first error.
+    async fn lines_of(body: Vec<u8>) -> Vec<Result<Bytes, String>> {
+        let mut lines = Lines { body: kube::client::Body::from(body), split: LineSplitter::default(), ended: false };
+        let mut out = Vec::new();
+        while let Some(line) = lines.next().await {
+            let failed = line.is_err();
+            out.push(line.map_err(|e| e.to_string()));
+            if failed {
+                break;
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn a_line_without_end_past_the_cap_fails_the_watch() {
+        let mut body = b"{\"a\":1}\n".to_vec();
+        body.resize(body.len() + MAX_LINE_BYTES + 1, b'x');
+        let got = lines_of(body).await;
+        assert_eq!(got.len(), 2, "the whole line, then the error");
+        assert_eq!(got[0].as_deref().unwrap(), b"{\"a\":1}");
+        let err = got[1].as_ref().unwrap_err();
+        assert!(err.contains("without its end") && err.contains(&MAX_LINE_BYTES.to_string()), "{err}");
+        // A line as long, ended, is a line (the decoding judges it).
+        let mut body = vec![b'y'; MAX_LINE_BYTES];
+        body.push(b'\n');
+        let got = lines_of(body).await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].as_ref().unwrap().len(), MAX_LINE_BYTES);
     }
 
     #[test]

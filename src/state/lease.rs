@@ -108,9 +108,7 @@ impl CoordinationConfig {
     /// processes never share one, also when they share a config.
     pub fn identity(&self) -> String {
         let name = self.identity.clone().unwrap_or_else(|| {
-            std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(|| {
-                std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim().to_string()
-            })
+            std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(super::host_name)
         });
         format!("{name}-{}", std::process::id())
     }

@@ -17,6 +17,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::Problem;
 
+/// This machine's host name (gethostname(2): the pod's name in Kubernetes), empty if it
+/// cannot be read.
+pub fn host_name() -> String {
+    hostname::get().map(|h| h.to_string_lossy().trim().to_string()).unwrap_or_default()
+}
+
 /// `[checkpoint] store`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -165,5 +171,18 @@ impl CheckpointConfig {
             out.push(Problem::new("checkpoint.dir", "must not be empty", "set a directory, e.g. \"./kubecast-state\""));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_host_name_is_the_kernels() {
+        let name = super::host_name();
+        assert!(!name.is_empty());
+        // Linux also shows it here (what kubecast read before).
+        if let Ok(proc) = std::fs::read_to_string("/proc/sys/kernel/hostname") {
+            assert_eq!(name, proc.trim());
+        }
     }
 }

@@ -82,7 +82,14 @@ pub async fn run(
         match write_changed(&store, &checkpoints).await {
             Ok(_) => current_at = std::time::Instant::now(),
             Err(e) if e.is_fatal() => return Err(e),
-            Err(e) => error!(error = %e, "checkpoints not written; retrying at the next interval"),
+            Err(e) => {
+                error!(error = %e, "checkpoints not written; retrying at the next interval");
+                // A full interval from now, also after a write that took longer than one (a
+                // broker away: each attempt may wait 30 s with the gate sealed). Events flow
+                // into the transaction meanwhile, up to its bound, instead of the next attempt
+                // sealing the gate again at once.
+                tick.reset();
+            }
         }
         let g = crate::observe::metrics::get();
         for (cp, m) in checkpoints.iter().zip(&metrics) {

@@ -16,7 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::{clean_topic_part, encode};
-use super::transaction::{Record, Transaction};
+use super::transaction::{Limits, Record, Transaction};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
 use crate::sink::template::Template;
@@ -66,6 +66,8 @@ pub struct KafkaSink {
     /// Why the brokers are not reachable (a TLS or SASL failure's fix), until they are.
     cause: Arc<Mutex<Option<String>>>,
     exactly_once: bool,
+    /// Exactly-once: how many events may wait uncommitted.
+    limits: Limits,
     /// Exactly-once: the state store's transaction, set once the store is open (no event is
     /// sent before).
     transaction: std::sync::OnceLock<Arc<Transaction>>,
@@ -114,6 +116,7 @@ impl KafkaSink {
             connected,
             cause,
             exactly_once: cfg.exactly_once,
+            limits: Limits { events: cfg.max_uncommitted_events, bytes: cfg.max_uncommitted_bytes },
             transaction: std::sync::OnceLock::new(),
         })
     }
@@ -129,8 +132,10 @@ impl KafkaSink {
         self.exactly_once
     }
 
-    /// Exactly-once: from now on, events go into `txn` (the state store's).
+    /// Exactly-once: from now on, events go into `txn` (the state store's), at most
+    /// `max_uncommitted_events` / `max_uncommitted_bytes` of them uncommitted.
     pub fn attach(&self, txn: Arc<Transaction>) {
+        txn.limit(self.limits);
         if self.transaction.set(txn).is_err() {
             warn!("the Kafka sink's transaction was already set; keeping the first");
         }
@@ -177,6 +182,25 @@ impl KafkaSink {
     pub async fn send(&self, msg: &Outbound) -> Result<(), SendError> {
         let topic = self.destination(msg);
         let (payload, headers) = encode(&msg.event, self.mode);
+        if self.exactly_once {
+            // The event and its tombstone go into the transaction together (a commit never
+            // takes one without the other).
+            let mut records = vec![Record {
+                topic: topic.clone(),
+                key: msg.key().to_string(),
+                payload: Some(payload.into_owned()),
+                headers: Some(headers),
+            }];
+            if self.tombstones && msg.fields.verb == "deleted" {
+                records.push(Record {
+                    topic,
+                    key: msg.key().to_string(),
+                    payload: None,
+                    headers: Some(OwnedHeaders::new()),
+                });
+            }
+            return self.send_transactional(records).await;
+        }
         let delivered = self.produce(&topic, msg.key(), Some(&payload), headers).await?;
         if let (Some(t), Some((partition, offset))) = (&msg.trace, delivered) {
             t.record_send(vec![
@@ -209,21 +233,13 @@ impl KafkaSink {
         headers: OwnedHeaders,
     ) -> Result<Option<(i32, i64)>, SendError> {
         if self.exactly_once {
-            // The only retriable failure with exactly-once, and nothing of the event is in a
-            // transaction then (the queue relies on it): once a record is in the transaction,
-            // the transaction itself produces it again if it must.
-            let Some(txn) = self.transaction.get() else {
-                return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
-            };
             let record = Record {
                 topic: topic.to_string(),
                 key: key.to_string(),
                 payload: payload.map(<[u8]>::to_vec),
                 headers: Some(headers),
             };
-            // In the open transaction: its partition and offset are known only to the broker
-            // until it commits.
-            return txn.send(record).await.map(|()| None).map_err(|e| SendError::Permanent(e.to_string()));
+            return self.send_transactional(vec![record]).await.map(|()| None);
         }
         let record = |headers: Option<OwnedHeaders>| {
             let r = FutureRecord::<str, [u8]>::to(topic).key(key);
@@ -252,6 +268,18 @@ impl KafkaSink {
             }
             Err((e, _)) => Err(self.classify(e)),
         }
+    }
+
+    /// Exactly-once: into the open transaction. Its partition and offset are known only to
+    /// the broker until it commits.
+    async fn send_transactional(&self, records: Vec<Record>) -> Result<(), SendError> {
+        // The only retriable failure with exactly-once, and nothing of the event is in a
+        // transaction then (the queue relies on it): once a record is in the transaction, the
+        // transaction itself produces it again if it must.
+        let Some(txn) = self.transaction.get() else {
+            return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
+        };
+        txn.send(records).await.map_err(|e| SendError::Permanent(e.to_string()))
     }
 
     fn solo(&self) -> Result<&FutureProducer<KafkaContext>, SendError> {

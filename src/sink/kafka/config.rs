@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::limits::Limits;
 use crate::model::Problem;
 use crate::sink::secret;
 use crate::sink::template::Template;
@@ -56,6 +57,14 @@ pub struct KafkaConfig {
     /// change once, no dedupe needed.
     #[serde(default)]
     pub exactly_once: bool,
+    /// With `exactly_once`: at most this many events (a tombstone counts as one more) wait
+    /// for their commit; once reached, sends wait until a commit frees room (backpressure).
+    #[serde(default = "default_max_uncommitted_events")]
+    pub max_uncommitted_events: usize,
+    /// With `exactly_once`: at most this many bytes of events (topic, key, value, plus 64
+    /// each) wait for their commit; an event larger than this goes out alone.
+    #[serde(default = "default_max_uncommitted_bytes")]
+    pub max_uncommitted_bytes: usize,
     /// Passed to librdkafka as they are (TLS, SASL, compression, linger...). A value
     /// `${env:NAME}` or `${file:/path}` is read from that variable or file (secrets).
     #[serde(default)]
@@ -66,12 +75,37 @@ fn default_topic() -> String {
     DEFAULT_TOPIC.to_string()
 }
 
+fn default_max_uncommitted_events() -> usize {
+    Limits::DEFAULT_EVENTS
+}
+
+fn default_max_uncommitted_bytes() -> usize {
+    Limits::DEFAULT_BYTES
+}
+
+/// At least this many bytes may wait uncommitted.
+const MIN_UNCOMMITTED_BYTES: usize = 64 * 1024;
+
 impl KafkaConfig {
     /// Problems with `[sink.kafka]`.
     pub fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         if self.brokers.trim().is_empty() {
             out.push(Problem::new("sink.kafka.brokers", "is empty", "set the bootstrap servers, e.g. \"kafka:9092\""));
+        }
+        if self.max_uncommitted_events == 0 {
+            out.push(Problem::new(
+                "sink.kafka.max_uncommitted_events",
+                "is 0: no event could ever be sent",
+                format!("set at least 1 (default {})", Limits::DEFAULT_EVENTS),
+            ));
+        }
+        if self.max_uncommitted_bytes < MIN_UNCOMMITTED_BYTES {
+            out.push(Problem::new(
+                "sink.kafka.max_uncommitted_bytes",
+                format!("is {}, below the minimum of {MIN_UNCOMMITTED_BYTES} (64 KiB)", self.max_uncommitted_bytes),
+                format!("set at least {MIN_UNCOMMITTED_BYTES} (default {}, 64 MiB)", Limits::DEFAULT_BYTES),
+            ));
         }
         if let Err(e) = Template::parse(&self.topic) {
             out.push(Problem::new("sink.kafka.topic", e, format!("e.g. {DEFAULT_TOPIC:?}")));

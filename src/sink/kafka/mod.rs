@@ -14,6 +14,7 @@
 mod client;
 mod config;
 mod encode;
+mod limits;
 mod logging;
 pub mod roles;
 pub mod security;

@@ -27,6 +27,11 @@
 //! does not exist, not authorized, too large) would fail every retry of the transaction, so
 //! it is reported as [`TxnError::Poison`], naming the topic and the fix.
 //!
+//! In every state the events kept are bounded ([`Limits`]: `[sink.kafka]
+//! max_uncommitted_events`, `max_uncommitted_bytes`): once reached, a send waits, outside
+//! the gate, until a commit or an abort for good frees room, so the delivery queue fills and
+//! the reflectors stop reading their watches; a broker outage costs bounded memory.
+//!
 //! The delivery queue holds a [`Gate`] pass from before an event's send until it is
 //! acknowledged; the commit seals the gate first, so every event in a committed transaction
 //! was acknowledged before the state written with it was taken.
@@ -47,6 +52,7 @@ use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer}
 use tokio::sync::Notify;
 use tracing::{debug, error, warn};
 
+pub use super::limits::Limits;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics;
 
@@ -57,10 +63,8 @@ pub const TIMEOUT: Duration = Duration::from_secs(30);
 /// next process takes the `transactional.id` over, or after `transaction.timeout.ms`).
 const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Events kept in one transaction before the next commit is asked for early.
-const COMMIT_SOON_EVENTS: usize = 20_000;
-/// Bytes of events kept in one transaction before the next commit is asked for early.
-const COMMIT_SOON_BYTES: usize = 32 * 1024 * 1024;
+/// How often a send waiting for room looks again even if no commit or abort told it.
+const ROOM_CHECK: Duration = Duration::from_secs(1);
 
 /// Why a transaction did not commit.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -106,6 +110,13 @@ impl Record {
     }
 }
 
+/// What a send does next with a record.
+enum Step {
+    Put,
+    QueueFull(Record),
+    Room(Record),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Idle,
@@ -127,6 +138,15 @@ struct Inner {
     /// notification per event past the bound would leave a permit that commits the next,
     /// nearly empty, transaction at once).
     asked_early: bool,
+    limits: Limits,
+    /// Sends wait for room (logged once until a commit frees it).
+    full: bool,
+}
+
+impl Inner {
+    fn room(&self, records: usize, size: usize) -> bool {
+        self.limits.room(self.events.len(), self.event_bytes, records, size)
+    }
 }
 
 /// Logs librdkafka's messages and keeps the first record rejected for good.
@@ -200,6 +220,8 @@ pub struct Transaction {
     max_record: usize,
     gate: Arc<Gate>,
     commit_soon: Arc<Notify>,
+    /// Notified when a commit or an abort for good freed room.
+    room: Notify,
     committed_events: AtomicU64,
 }
 
@@ -234,10 +256,13 @@ impl Transaction {
                 committing: 0,
                 event_bytes: 0,
                 asked_early: false,
+                limits: Limits::default(),
+                full: false,
             }),
             max_record,
             gate: Arc::new(Gate::default()),
             commit_soon: Arc::new(Notify::new()),
+            room: Notify::new(),
             committed_events: AtomicU64::new(0),
         };
         if exactly_once {
@@ -261,6 +286,11 @@ impl Transaction {
         &self.commit_soon
     }
 
+    /// Bounds the sink's events kept uncommitted (set before the first send).
+    pub fn limit(&self, limits: Limits) {
+        self.lock().limits = limits;
+    }
+
     /// Events committed so far (exactly-once).
     pub fn committed_events(&self) -> u64 {
         self.committed_events.load(Ordering::Relaxed)
@@ -270,54 +300,127 @@ impl Transaction {
         self.inner.lock().expect("transaction lock")
     }
 
-    /// Sends an event in the open transaction (exactly-once): produced at once if it is open,
-    /// kept for the next one if not. `Err` for a record librdkafka refuses by itself (larger
-    /// than `message.max.bytes`, checked here in every state): that one is not kept; and once the transaction was abandoned (nothing more is
-    /// committed: the restart sends it again).
-    pub async fn send(&self, record: Record) -> Result<(), KafkaError> {
+    /// Sends an event's records (its tombstone after it) in the open transaction
+    /// (exactly-once): produced at once if it is open, kept for the next one if not. `Err` for
+    /// a record librdkafka refuses by itself (larger than `message.max.bytes`, checked here in
+    /// every state): nothing of the event is kept; and once the transaction was abandoned
+    /// (nothing more is committed: the restart sends it again).
+    ///
+    /// While the transactions not committed yet hold all the [`Limits`] allow, it waits, its
+    /// gate pass given back ([`Gate::outside`]: nothing of the event is in the transaction
+    /// yet), so the commit that frees room can seal the gate. Once its first record is in,
+    /// the others follow without giving the pass back: a commit never takes half an event.
+    /// The caller holds a gate pass (the delivery queue's).
+    pub async fn send(&self, records: Vec<Record>) -> Result<(), KafkaError> {
         // Refused now whatever the state: kept while the transaction is not open, such a record
         // would make every later attempt to produce the kept events again fail.
-        if record.wire_size() > self.max_record {
+        if records.iter().any(|r| r.wire_size() > self.max_record) {
             return Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge));
         }
-        loop {
-            {
+        let (count, size) = (records.len(), records.iter().map(Record::size).sum::<usize>());
+        let mut records = records.into_iter();
+        let mut next = records.next();
+        // Until the first record is in, nothing of the event is in the transaction: waits
+        // happen outside the gate.
+        let mut first = true;
+        while let Some(record) = next.take() {
+            let step = {
                 let mut inner = self.lock();
                 if inner.state == State::Abandoned {
                     return Err(KafkaError::MessageProduction(RDKafkaErrorCode::State));
                 }
-                let queue_full = if inner.state == State::Open {
-                    match produce(&self.producer, &record) {
-                        Ok(()) => false,
-                        Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => true,
-                        Err(e @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => {
-                            return Err(e);
-                        }
-                        Err(e) => {
-                            warn!(error = %e, "{}: a record was not produced; the transaction is aborted and its events are sent again", self.what);
-                            inner.state = State::MustAbort;
-                            false
-                        }
-                    }
+                if first && !inner.room(count, size) {
+                    self.no_room(&mut inner);
+                    Step::Room(record)
                 } else {
-                    false
-                };
-                if !queue_full {
-                    inner.event_bytes += record.size();
-                    inner.events.push(record);
-                    metrics::get().transaction_events.set(inner.events.len() as i64);
-                    if !inner.asked_early
-                        && (inner.events.len() >= COMMIT_SOON_EVENTS || inner.event_bytes >= COMMIT_SOON_BYTES)
-                    {
-                        inner.asked_early = true;
-                        self.commit_soon.notify_one();
+                    match self.put(&mut inner, record)? {
+                        None => Step::Put,
+                        Some(back) => Step::QueueFull(back),
                     }
-                    return Ok(());
+                }
+            };
+            match step {
+                Step::Put => {
+                    first = false;
+                    next = records.next();
+                }
+                // librdkafka's queue is full: let it drain a little.
+                Step::QueueFull(back) => {
+                    let drain = tokio::time::sleep(Duration::from_millis(5));
+                    if first {
+                        self.gate.outside(drain).await;
+                    } else {
+                        drain.await;
+                    }
+                    next = Some(back);
+                }
+                Step::Room(back) => {
+                    self.gate.outside(self.room_freed(count, size)).await;
+                    next = Some(back);
                 }
             }
-            // librdkafka's queue is full: let it drain a little.
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        Ok(())
+    }
+
+    /// Waits until a commit or an abort for good may have freed room (at most [`ROOM_CHECK`]).
+    async fn room_freed(&self, count: usize, size: usize) {
+        let freed = self.room.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        // Looked at again once registered: a commit may have freed room meanwhile.
+        let room = {
+            let inner = self.lock();
+            inner.state == State::Abandoned || inner.room(count, size)
+        };
+        if !room {
+            let _ = tokio::time::timeout(ROOM_CHECK, freed).await;
+        }
+    }
+
+    /// The transaction holds all it may: ask for the commit that frees room (once per
+    /// transaction), and say so once.
+    fn no_room(&self, inner: &mut Inner) {
+        if !inner.asked_early {
+            inner.asked_early = true;
+            self.commit_soon.notify_one();
+        }
+        if !inner.full {
+            inner.full = true;
+            metrics::get().transaction_full.inc();
+            warn!(
+                events = inner.events.len(),
+                bytes = inner.event_bytes,
+                max_events = inner.limits.events,
+                max_bytes = inner.limits.bytes,
+                "{}: the uncommitted events reached max_uncommitted_events or max_uncommitted_bytes; sends wait until a commit frees room",
+                self.what
+            );
+        }
+    }
+
+    /// Produces `record` if the transaction is open, and keeps it. `Some(record)` back when
+    /// librdkafka's queue is full; `Err` for a record too large (not kept).
+    fn put(&self, inner: &mut Inner, record: Record) -> Result<Option<Record>, KafkaError> {
+        if inner.state == State::Open {
+            match produce(&self.producer, &record) {
+                Ok(()) => {}
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => return Ok(Some(record)),
+                Err(e @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => return Err(e),
+                Err(e) => {
+                    warn!(error = %e, "{}: a record was not produced; the transaction is aborted and its events are sent again", self.what);
+                    inner.state = State::MustAbort;
+                }
+            }
+        }
+        inner.event_bytes += record.size();
+        inner.events.push(record);
+        held(inner);
+        if !inner.asked_early && inner.limits.commit_soon(inner.events.len(), inner.event_bytes) {
+            inner.asked_early = true;
+            self.commit_soon.notify_one();
+        }
+        Ok(None)
     }
 
     /// Commits the open transaction with `records` (the state records) after its events; with
@@ -375,10 +478,12 @@ impl Transaction {
         inner.events.drain(..n);
         inner.events.shrink_to(1024);
         inner.event_bytes = inner.events.iter().map(Record::size).sum();
-        metrics::get().transaction_events.set(inner.events.len() as i64);
+        held(inner);
         inner.asked_early = false;
+        inner.full = false;
         inner.committing = 0;
         inner.state = State::Idle;
+        self.room.notify_waiters();
     }
 
     /// `commit_transaction` failed with `e`: call it again next time if librdkafka says so
@@ -448,7 +553,9 @@ impl Transaction {
         inner.state = State::Abandoned;
         inner.events = Vec::new();
         inner.event_bytes = 0;
-        metrics::get().transaction_events.set(0);
+        held(&inner);
+        // Waiting sends fail now (nothing more is committed).
+        self.room.notify_waiters();
     }
 
     /// Brings the transaction to `Open` (exactly-once) or `Idle`-then-begun (state only):
@@ -503,6 +610,13 @@ impl Transaction {
             self.what
         )))
     }
+}
+
+/// The events held and their bytes, as metrics.
+fn held(inner: &Inner) {
+    let m = metrics::get();
+    m.transaction_events.set(inner.events.len() as i64);
+    m.transaction_bytes.set(i64::try_from(inner.event_bytes).unwrap_or(i64::MAX));
 }
 
 fn outcome(outcome: &'static str) {

@@ -278,10 +278,9 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
         .retry_on_initial_connect()
         .max_reconnects(None)
         .connection_timeout(Duration::from_secs(5))
-        .reconnect_delay_callback(|attempts| {
-            // 0, 100 ms, 200 ms, ... up to 5 s, jittered, forever.
-            let base = Duration::from_millis(100u64.saturating_mul(1 << attempts.min(6) as u64)).min(Duration::from_secs(5));
-            if attempts == 0 { Duration::ZERO } else { base.mul_f64(0.5 + rand_fraction() * 0.5) }
+        .reconnect_delay_callback({
+            let delay = super::reconnect::ReconnectDelay::default();
+            move |attempts| delay.before(attempts)
         })
         .event_callback(move |event| {
             let connected = connected.clone();
@@ -315,12 +314,6 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
 fn is_auth_failure(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
     m.contains("authorization") || m.contains("authentication")
-}
-
-/// A cheap jitter source (no crypto needed).
-fn rand_fraction() -> f64 {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    f64::from(n % 1000) / 1000.0
 }
 
 /// [`classify`], and for "no stream" (no responders) asks JetStream whether a stream covers

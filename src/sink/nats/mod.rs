@@ -21,6 +21,7 @@
 mod client;
 mod config;
 mod encode;
+mod reconnect;
 
 pub use client::NatsSink;
 pub use config::{

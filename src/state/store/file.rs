@@ -230,9 +230,8 @@ impl FileStore {
             Err(fs::TryLockError::Error(cause)) => return Err(derr(cause)),
         }
         // Who holds it, for the other process's message.
-        let host = fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        let me =
-            format!("pid {} on host {}, since {}", std::process::id(), host.trim(), chrono::Utc::now().to_rfc3339());
+        let host = crate::state::host_name();
+        let me = format!("pid {} on host {host}, since {}", std::process::id(), chrono::Utc::now().to_rfc3339());
         lock.set_len(0).and_then(|()| lock.write_all(me.as_bytes())).and_then(|()| lock.flush()).map_err(derr)?;
         Ok(Self {
             dir: dir.to_path_buf(),

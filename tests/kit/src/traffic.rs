@@ -83,8 +83,16 @@ impl Written {
 }
 
 /// Creates, updates and deletes ConfigMaps named `cm-0` .. `cm-<names-1>` at about
-/// `per_second`, until `stop`.
-pub async fn load(api: Api<ConfigMap>, names: usize, per_second: u64, written: Arc<Mutex<Written>>, stop: Arc<AtomicBool>) {
+/// `per_second`, until `stop`; each created with a key `pad` of `pad` bytes (kept by the
+/// updates: every event carries it).
+pub async fn load(
+    api: Api<ConfigMap>,
+    names: usize,
+    per_second: u64,
+    pad: usize,
+    written: Arc<Mutex<Written>>,
+    stop: Arc<AtomicBool>,
+) {
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut rnd = move || {
         seed ^= seed << 13;
@@ -101,8 +109,11 @@ pub async fn load(api: Api<ConfigMap>, names: usize, per_second: u64, written: A
         let name = format!("cm-{}", rnd() % names as u64);
         match live.get(&name).cloned() {
             None => {
-                let cm: ConfigMap =
-                    serde_json::from_value(json!({"metadata": {"name": name}, "data": {"n": n.to_string()}})).unwrap();
+                let mut data = json!({"n": n.to_string()});
+                if pad > 0 {
+                    data["pad"] = json!("p".repeat(pad));
+                }
+                let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name}, "data": data})).unwrap();
                 if let Ok(c) = api.create(&PostParams::default(), &cm).await {
                     let uid = c.metadata.uid.unwrap();
                     let rv = c.metadata.resource_version.unwrap().parse().unwrap();
@@ -365,12 +376,17 @@ pub struct Traffic {
 impl Traffic {
     /// `per_second` changes on `names` ConfigMaps, read back from `source`.
     pub fn start(api: &Api<ConfigMap>, source: Source, names: usize, per_second: u64) -> Self {
+        Self::start_padded(api, source, names, per_second, 0)
+    }
+
+    /// As [`Traffic::start`], each ConfigMap carrying `pad` bytes more (larger events).
+    pub fn start_padded(api: &Api<ConfigMap>, source: Source, names: usize, per_second: u64, pad: usize) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let load_stop = Arc::new(AtomicBool::new(false));
         let written = Arc::new(Mutex::new(Written::default()));
         let seen = Arc::new(Mutex::new(Vec::new()));
         reader(source, seen.clone(), stop.clone());
-        let loader = Some(tokio::spawn(load(api.clone(), names, per_second, written.clone(), load_stop.clone())));
+        let loader = Some(tokio::spawn(load(api.clone(), names, per_second, pad, written.clone(), load_stop.clone())));
         Self { api: api.clone(), stop, load_stop, written, seen, loader }
     }
 
@@ -400,7 +416,7 @@ impl Traffic {
         }
         let load_stop = Arc::new(AtomicBool::new(false));
         let written = Arc::new(Mutex::new(Written::default()));
-        let loader = Some(tokio::spawn(load(api.clone(), names, per_second, written.clone(), load_stop.clone())));
+        let loader = Some(tokio::spawn(load(api.clone(), names, per_second, 0, written.clone(), load_stop.clone())));
         Self { api: api.clone(), stop, load_stop, written, seen, loader }
     }
 
