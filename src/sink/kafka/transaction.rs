@@ -44,17 +44,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::message::{Headers, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use tokio::sync::Notify;
-use tracing::{debug, error, warn};
+use tracing::{debug, warn};
 
 pub use super::limits::Limits;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics;
+pub use context::TxnContext;
+
+mod context;
 
 /// How long one transactional call may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
@@ -147,66 +149,6 @@ impl Inner {
     fn room(&self, records: usize, size: usize) -> bool {
         self.limits.room(self.events.len(), self.event_bytes, records, size)
     }
-}
-
-/// Logs librdkafka's messages and keeps the first record rejected for good.
-pub struct TxnContext {
-    connected: Arc<AtomicBool>,
-    poison: Mutex<Option<String>>,
-}
-
-impl ClientContext for TxnContext {
-    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
-        super::logging::log(level, fac, msg);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
-            self.connected.store(false, Ordering::Relaxed);
-        }
-        match super::security::fix_for(reason) {
-            Some(fix) => {
-                error!(target: "kubecast::kafka", error = %error, fix, "Kafka transactional producer: {reason}")
-            }
-            None => error!(target: "kubecast::kafka", error = %error, "Kafka transactional producer: {reason}"),
-        }
-    }
-}
-
-impl ProducerContext for TxnContext {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        match result {
-            Ok(_) => self.connected.store(true, Ordering::Relaxed),
-            Err((e, m)) => {
-                if is_poison(e) {
-                    let mut p = self.poison.lock().expect("poison lock");
-                    if p.is_none() {
-                        *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Errors no retry of the record fixes.
-fn is_poison(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::InvalidRecord
-                | C::InvalidTopic
-                | C::UnknownTopic
-                | C::UnknownTopicOrPartition
-                | C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-        )
-    )
 }
 
 /// The transactional producer and its open transaction.
@@ -661,60 +603,6 @@ fn classify(what: &str, e: &KafkaError) -> TxnError {
     TxnError::Retriable(format!("{what}: {e}"))
 }
 
+/// Unit tests without a broker (`tests.rs` in the folder of this file's name).
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rdkafka::message::Header;
-    use rdkafka::producer::BaseProducer;
-
-    /// The size checked before a record is kept is never below librdkafka's own check (no
-    /// broker needed: librdkafka refuses a record larger than `message.max.bytes` at once),
-    /// and at most a few bytes per header above it.
-    #[test]
-    fn a_record_librdkafka_refuses_as_too_large_is_refused_before_it_is_kept() {
-        const MAX: usize = 2000;
-        let producer: BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", "127.0.0.1:1")
-            .set("message.max.bytes", MAX.to_string())
-            .create()
-            .expect("a producer");
-        for headers in [0usize, 1, 5] {
-            let (mut refused_by_librdkafka, mut refused_here) = (0, 0);
-            for len in MAX - 400..=MAX {
-                let h = (0..headers).fold(OwnedHeaders::new(), |h, i| {
-                    h.insert(Header { key: &format!("ce_h{i}"), value: Some("a value") })
-                });
-                let record = Record {
-                    topic: "t".into(),
-                    key: "some-uid".into(),
-                    payload: Some(vec![b'x'; len]),
-                    headers: Some(h),
-                };
-                let too_large = matches!(
-                    produce_base(&producer, &record),
-                    Err(KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge))
-                );
-                refused_by_librdkafka += usize::from(too_large);
-                refused_here += usize::from(record.wire_size() > MAX);
-                assert!(!too_large || record.wire_size() > MAX, "{len} bytes with {headers} headers");
-            }
-            assert!(refused_by_librdkafka > 0, "the limit was reached with {headers} headers");
-            assert!(
-                refused_here - refused_by_librdkafka <= 20 * headers + 10,
-                "{headers} headers: {refused_here} refused here, {refused_by_librdkafka} by librdkafka"
-            );
-        }
-        producer.purge(rdkafka::producer::PurgeConfig::default().queue());
-    }
-
-    fn produce_base(producer: &BaseProducer, r: &Record) -> KafkaResult<()> {
-        let mut br = BaseRecord::<str, [u8]>::to(&r.topic).key(&r.key);
-        if let Some(p) = &r.payload {
-            br = br.payload(p);
-        }
-        if let Some(h) = &r.headers {
-            br = br.headers(h.clone());
-        }
-        producer.send(br).map_err(|(e, _)| e)
-    }
-}
+mod tests;

@@ -1,0 +1,73 @@
+//! The transactional producer's context: librdkafka's log and errors, and the first record
+//! rejected for good (read by the next commit to name it).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rdkafka::client::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::ProducerContext;
+use tracing::error;
+
+/// Logs librdkafka's messages and keeps the first record rejected for good.
+pub struct TxnContext {
+    pub(super) connected: Arc<AtomicBool>,
+    pub(super) poison: Mutex<Option<String>>,
+}
+
+impl ClientContext for TxnContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
+        super::super::logging::log(level, fac, msg);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+            self.connected.store(false, Ordering::Relaxed);
+        }
+        match super::super::security::fix_for(reason) {
+            Some(fix) => {
+                error!(target: "kubecast::kafka", error = %error, fix, "Kafka transactional producer: {reason}")
+            }
+            None => error!(target: "kubecast::kafka", error = %error, "Kafka transactional producer: {reason}"),
+        }
+    }
+}
+
+impl ProducerContext for TxnContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => self.connected.store(true, Ordering::Relaxed),
+            Err((e, m)) => {
+                if is_poison(e) {
+                    let mut p = self.poison.lock().expect("poison lock");
+                    if p.is_none() {
+                        *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Errors no retry of the record fixes.
+fn is_poison(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidRecord
+                | C::InvalidTopic
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+        )
+    )
+}
