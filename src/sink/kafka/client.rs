@@ -298,22 +298,7 @@ impl KafkaSink {
         if let Some((code, reason)) = self.producer.client().fatal_error() {
             return SendError::Fatal(format!("fatal Kafka producer error {code:?}: {reason}"));
         }
-        use RDKafkaErrorCode as C;
-        match e.rdkafka_error_code() {
-            Some(
-                C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::InvalidRecord
-                | C::InvalidTopic
-                // The topic does not exist and the broker does not create it (librdkafka
-                // waited topic.metadata.propagation.max.ms for it): waiting will not help.
-                | C::UnknownTopic
-                | C::UnknownTopicOrPartition
-                | C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed,
-            ) => SendError::Permanent(e.to_string()),
-            _ => SendError::Retriable(e.to_string()),
-        }
+        if rejected_for_good(&e) { SendError::Permanent(e.to_string()) } else { SendError::Retriable(e.to_string()) }
     }
 
     /// Whether `topic` exists. Asking for it lets a broker with `auto.create.topics.enable`
@@ -355,4 +340,24 @@ impl KafkaSink {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         self.producer.flush(left).map_err(|e| SinkError::Flush(e.to_string()))
     }
+}
+
+/// A record no retry delivers: too large or invalid, a topic that does not exist (the broker
+/// does not create it; librdkafka waited `topic.metadata.propagation.max.ms` for it), no
+/// permission. Shared by the sink and the transactional producer.
+pub(super) fn rejected_for_good(e: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::MessageSizeTooLarge
+                | C::InvalidMessageSize
+                | C::InvalidRecord
+                | C::InvalidTopic
+                | C::UnknownTopic
+                | C::UnknownTopicOrPartition
+                | C::TopicAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+        )
+    )
 }

@@ -43,7 +43,7 @@ impl ProducerContext for TxnContext {
         match result {
             Ok(_) => self.connected.store(true, Ordering::Relaxed),
             Err((e, m)) => {
-                if is_poison(e) {
+                if super::super::client::rejected_for_good(e) {
                     let mut p = self.poison.lock().expect("poison lock");
                     if p.is_none() {
                         *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
@@ -52,22 +52,4 @@ impl ProducerContext for TxnContext {
             }
         }
     }
-}
-
-/// Errors no retry of the record fixes.
-fn is_poison(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::InvalidRecord
-                | C::InvalidTopic
-                | C::UnknownTopic
-                | C::UnknownTopicOrPartition
-                | C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-        )
-    )
 }
