@@ -72,6 +72,25 @@ impl Eos {
     }
 }
 
+/// Exactly-once kubecast on a fresh namespace (`prefix`) under ~50 changes/s, once its
+/// first 50 events are committed (read by a `read_committed` reader).
+async fn committing_under_load(prefix: &str) -> (TestNamespace, Kubecast, Eos) {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, prefix).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
+    let s = setup(&ns.name, &topic, &state, "");
+    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
+    kc.wait_log("list complete", 1).await;
+    let traffic = Eos::start(&api, &topic, 50);
+    let deadline = Instant::now() + WAIT;
+    while traffic.seen() < 50 {
+        assert!(Instant::now() < deadline, "no committed event before the pause:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (ns, kc, traffic)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_sigkills_under_load_a_read_committed_consumer_sees_every_change_once() {
     let _shared = shared();
@@ -181,25 +200,7 @@ async fn a_broker_restart_in_the_middle_of_a_transaction_stays_exactly_once() {
 #[ignore = "fails about 1 run in 4: after the pause the timed-out commit completes, but the next transaction's records are not delivered within the 60 s message timeout (`_INCONSISTENT: N message(s) failed delivery`) and its abort times out too, so nothing commits for over 2 min; the librdkafka state behind it is not understood yet. Run with --ignored"]
 async fn a_commit_that_times_out_is_finished_when_the_broker_answers_again() {
     let _exclusive = BROKER.write().unwrap_or_else(|e| e.into_inner());
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "eos-pause").await;
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
-    let s = setup(&ns.name, &topic, &state, "");
-    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
-    kc.wait_log("list complete", 1).await;
-
-    let traffic = Eos::start(&api, &topic, 50);
-    let deadline = Instant::now() + WAIT;
-    while traffic.seen() < 50 {
-        assert!(
-            Instant::now() < deadline,
-            "no committed event before the pause:
-{}",
-            kc.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_ns, mut kc, traffic) = committing_under_load("eos-pause").await;
     {
         // Bounded (below the transaction timeout of 60 s, after which the broker aborts it).
         let _paused = common::Paused::now("kafka", Duration::from_secs(50));
@@ -231,20 +232,7 @@ async fn a_commit_that_times_out_is_finished_when_the_broker_answers_again() {
 #[ignore = "passed 4 times, then hung in a full-suite run: after the resume the aborted transaction's 3030 events were produced again, then nothing was logged or committed for 2 min (no commit attempt, no error: suspected a send holding its gate pass while the persister waits to seal). Run with --ignored while it is investigated"]
 async fn a_pause_longer_than_the_transaction_timeout_is_ridden_out_exactly_once() {
     let _exclusive = BROKER.write().unwrap_or_else(|e| e.into_inner());
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "eos-long-pause").await;
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
-    let (topic, state) = (common::unique("eos-events"), common::unique("eos-state"));
-    let s = setup(&ns.name, &topic, &state, "");
-    let mut kc = Kubecast::start_with_sink(&s.config, &s.sink, &s.checkpoint, &[]);
-    kc.wait_log("list complete", 1).await;
-
-    let traffic = Eos::start(&api, &topic, 50);
-    let deadline = Instant::now() + WAIT;
-    while traffic.seen() < 50 {
-        assert!(Instant::now() < deadline, "no committed event before the pause:\n{}", kc.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (_ns, mut kc, traffic) = committing_under_load("eos-long-pause").await;
     {
         let _paused = common::Paused::now("kafka", Duration::from_secs(70));
         // The whole pause: 70 s, past transaction.timeout.ms.
