@@ -180,6 +180,15 @@ impl Release {
     }
 
     /// Logs of every pod of the release (for a failure's message).
+    /// Deletes the release's only pod and waits until its replacement leads.
+    async fn replace_the_pod(&self) {
+        let pod = self.pods().remove(0).name;
+        let ns = self.ns.name.clone();
+        blocking(move || kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=true"])).await;
+        node::rollout(&self.ns.name, "kubecast");
+        self.one_leader().await;
+    }
+
     fn logs(&self) -> String {
         let (_, out) = kubectl_try(&["-n", &self.ns.name, "logs", "-l", Self::selector(), "--tail=40", "--prefix"]);
         out
@@ -353,11 +362,7 @@ async fn nats_install_and_a_deleted_pod_lose_nothing() {
     let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
     // One replica: the Deployment's replacement resumes from the NATS key-value state.
-    let pod = r.pods().remove(0).name;
-    let ns = r.ns.name.clone();
-    blocking(move || kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=true"])).await;
-    node::rollout(&r.ns.name, "kubecast");
-    r.one_leader().await;
+    r.replace_the_pod().await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
     let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
     report("NATS install and delete pod", &verdict);
@@ -402,11 +407,7 @@ async fn kafka_over_sasl_ssl_from_a_pod_with_a_secret_and_the_system_ca_bundle()
     r.one_leader().await;
     let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow over SASL_SSL: {}", r.logs());
-    let pod = r.pods().remove(0).name;
-    let ns = r.ns.name.clone();
-    blocking(move || kubectl(&["-n", &ns, "delete", "pod", &pod, "--wait=true"])).await;
-    node::rollout(&r.ns.name, "kubecast");
-    r.one_leader().await;
+    r.replace_the_pod().await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
     let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
     report("Kafka over SASL_SSL from a pod", &verdict);
