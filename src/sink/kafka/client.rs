@@ -16,6 +16,7 @@ use tracing::{debug, info, warn};
 
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::{clean_topic_part, encode};
+use super::rejected::rejected_for_good;
 use super::transaction::{Limits, Record, Transaction};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
@@ -340,24 +341,4 @@ impl KafkaSink {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         self.producer.flush(left).map_err(|e| SinkError::Flush(e.to_string()))
     }
-}
-
-/// A record no retry delivers: too large or invalid, a topic that does not exist (the broker
-/// does not create it; librdkafka waited `topic.metadata.propagation.max.ms` for it), no
-/// permission. Shared by the sink and the transactional producer.
-pub(super) fn rejected_for_good(e: &KafkaError) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        e.rdkafka_error_code(),
-        Some(
-            C::MessageSizeTooLarge
-                | C::InvalidMessageSize
-                | C::InvalidRecord
-                | C::InvalidTopic
-                | C::UnknownTopic
-                | C::UnknownTopicOrPartition
-                | C::TopicAuthorizationFailed
-                | C::ClusterAuthorizationFailed
-        )
-    )
 }

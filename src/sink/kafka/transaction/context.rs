@@ -43,7 +43,7 @@ impl ProducerContext for TxnContext {
         match result {
             Ok(_) => self.connected.store(true, Ordering::Relaxed),
             Err((e, m)) => {
-                if super::super::client::rejected_for_good(e) {
+                if super::super::rejected::rejected_for_good(e) {
                     let mut p = self.poison.lock().expect("poison lock");
                     if p.is_none() {
                         *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
