@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::observe::admin;
 use crate::observe::health::Health;
 use crate::sink::Sink;
+use crate::sink::kafka::transaction::OwnerCheck;
 use crate::source::client;
 use crate::source::reflector::Item;
 use crate::state::store::Owner;
@@ -58,6 +59,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     // publishing stops at once.
     let lease_lost = CancellationToken::new();
     let mut lease = None;
+    let tenure = leadership::Tenure::new(&pipeline.config.coordination, lease_lost.clone());
     let (epoch, writer) = match leadership::elector(&client, &pipeline.config.coordination, &health) {
         Some(mut elector) => {
             let cfg = pipeline.config.coordination.clone();
@@ -66,7 +68,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 return Ok(());
             };
             let writer = elector.identity().to_string();
-            let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), lease_lost.clone());
+            let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), tenure.clone());
             lease = Some(tokio::spawn(keeper));
             (Some(i64::from(epoch)), writer)
         }
@@ -95,6 +97,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
             return Err(e);
         }
     }
+
+    // Kafka: after a transaction the broker aborted for its age, the producer takes its
+    // transactional.id over again only while this process holds the Lease (always without
+    // coordination: the only guard there is the one process the chart runs).
+    let owner: OwnerCheck = if lease.is_some() {
+        let tenure = tenure.clone();
+        Arc::new(move || tenure.held())
+    } else {
+        Arc::new(|| true)
+    };
+    pipeline.store().may_take_over(owner);
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     let reflectors = pipeline.reflectors(&client, &api_limiter, &health, &items_tx);

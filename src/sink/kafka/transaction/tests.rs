@@ -1,7 +1,9 @@
 //! Unit tests of the transaction without a broker.
 
 use super::*;
-use rdkafka::message::Header;
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::BaseRecord;
 use rdkafka::producer::BaseProducer;
 
 /// The size checked before a record is kept is never below librdkafka's own check (no
