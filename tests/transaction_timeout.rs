@@ -47,7 +47,12 @@ async fn init(id: &str, owner: OwnerCheck) -> Arc<Transaction> {
 }
 
 fn record(topic: &str, key: &str) -> Record {
-    Record { topic: topic.into(), key: key.into(), payload: Some(format!("value of {key}").into_bytes()), headers: None }
+    Record {
+        topic: topic.into(),
+        key: key.into(),
+        payload: Some(format!("value of {key}").into_bytes()),
+        headers: None,
+    }
 }
 
 /// Sends each key as one event, holding a gate pass as the delivery queue does.

@@ -44,7 +44,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{Producer, ThreadedProducer};
 use tokio::sync::Notify;
@@ -54,8 +53,8 @@ pub use super::limits::Limits;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics;
 pub use context::TxnContext;
-use error::classify;
 pub use error::TxnError;
+use error::classify;
 pub use record::Record;
 use record::{produce, produce_blocking};
 pub use take_over::OwnerCheck;
@@ -71,7 +70,6 @@ pub const TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `transaction.timeout.ms`: the broker aborts a transaction open longer (Kafka's default).
 pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
-
 
 /// How long an abandoned transaction's abort may take (else the broker aborts it when the
 /// next process takes the `transactional.id` over, or after `transaction.timeout.ms`).
@@ -175,7 +173,7 @@ impl Transaction {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("transaction.timeout.ms", timeout.as_millis().to_string());
-        config.set_log_level(RDKafkaLogLevel::Warning);
+        config.set_log_level(super::logging::log_level(&config));
         let max_record = config.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
         let poison = Arc::default();
         let producer = new_producer(&config, &what, &connected, &poison)?;

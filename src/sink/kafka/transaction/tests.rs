@@ -3,8 +3,8 @@
 use super::*;
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::BaseRecord;
 use rdkafka::producer::BaseProducer;
+use rdkafka::producer::BaseRecord;
 
 /// The size checked before a record is kept is never below librdkafka's own check (no
 /// broker needed: librdkafka refuses a record larger than `message.max.bytes` at once),
