@@ -32,7 +32,7 @@ pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
 }
 
 /// The level librdkafka logs at for `cc`: warnings and errors, or everything when the
-/// properties set librdkafka's `debug` contexts (e.g. `"eos,txn,broker"`: its debug lines then
+/// properties set librdkafka's `debug` contexts (e.g. `"eos,broker"`: its debug lines then
 /// come at kubecast's DEBUG level, target `kubecast::kafka`).
 pub fn log_level(cc: &ClientConfig) -> RDKafkaLogLevel {
     if cc.get("debug").is_some_and(|d| !d.is_empty()) { RDKafkaLogLevel::Debug } else { RDKafkaLogLevel::Warning }

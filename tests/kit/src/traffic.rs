@@ -149,22 +149,58 @@ pub fn reader(source: Source, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>)
 }
 
 async fn kafka_reader(brokers: String, topic: String, read_committed: bool, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", crate::unique("traffic"))
-        .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
-        .set("enable.auto.commit", "false")
-        .set("topic.metadata.refresh.interval.ms", "500")
-        .create()
-        .expect("a Kafka consumer");
+    let new_consumer = || -> StreamConsumer {
+        ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", crate::unique("traffic"))
+            .set("isolation.level", if read_committed { "read_committed" } else { "read_uncommitted" })
+            .set("enable.auto.commit", "false")
+            .set("topic.metadata.refresh.interval.ms", "500")
+            .create()
+            .expect("a Kafka consumer")
+    };
+    let mut consumer = new_consumer();
     if !assign_from_beginning(&consumer, &topic, &stop).await {
         return;
     }
-    let mut stream = consumer.stream();
+    // The next offset per partition, to continue with a new consumer: after a broker pause, a
+    // librdkafka consumer that reported all brokers down sometimes fetches nothing more for
+    // minutes while a new one reads on (seen with librdkafka 2.12 and a SIGSTOPped broker).
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut failed_at: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
-        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_millis(500), stream.next()).await else {
+        let m = match tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await {
+            Ok(Ok(m)) => Some(m),
+            Ok(Err(e)) => {
+                if failed_at.is_none() {
+                    eprintln!("[traffic] the test's Kafka reader of {topic}: {e}");
+                    failed_at = Some(Instant::now());
+                }
+                None
+            }
+            Err(_) => None,
+        };
+        let Some(m) = m else {
+            if failed_at.is_some_and(|at| at.elapsed() > Duration::from_secs(10)) {
+                eprintln!("[traffic] the test's Kafka reader of {topic}: nothing for 10 s after an error; a new consumer continues at {next:?}");
+                consumer = new_consumer();
+                let mut tpl = TopicPartitionList::new();
+                let partitions = consumer
+                    .fetch_metadata(Some(&topic), Duration::from_secs(5))
+                    .ok()
+                    .and_then(|md| md.topics().first().map(|t| t.partitions().len() as i32))
+                    .unwrap_or(1);
+                for p in 0..partitions {
+                    let at = next.get(&p).map_or(Offset::Beginning, |o| Offset::Offset(*o));
+                    tpl.add_partition_offset(&topic, p, at).unwrap();
+                }
+                consumer.assign(&tpl).unwrap();
+                failed_at = None;
+            }
             continue;
         };
+        failed_at = None;
+        next.insert(m.partition(), m.offset() + 1);
         let Some(body) = m.payload() else { continue }; // a tombstone
         let header = |k: &str| {
             let want = format!("ce_{k}");
