@@ -314,10 +314,12 @@ impl Transaction {
         let freed = self.room.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
-        // Looked at again once registered: a commit may have freed room meanwhile.
-        let room = {
-            let inner = self.lock();
-            inner.state == State::Abandoned || inner.room(count, size)
+        // Looked at again once registered: a commit may have freed room meanwhile. Never waits
+        // for the lock: a commit holds it through librdkafka's blocking calls (up to 30 s while
+        // the broker is away), and this runs on the runtime's threads; locked means no room yet.
+        let room = match self.inner.try_lock() {
+            Ok(inner) => inner.state == State::Abandoned || inner.room(count, size),
+            Err(_) => false,
         };
         if !room {
             let _ = tokio::time::timeout(ROOM_CHECK, freed).await;
