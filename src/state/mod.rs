@@ -6,6 +6,7 @@
 //! Invariant: a stored position never passes an item that was not acknowledged, and only the
 //! store's owner writes it.
 
+pub mod assignment;
 pub mod lease;
 pub mod persister;
 pub mod store;
