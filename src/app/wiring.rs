@@ -240,6 +240,7 @@ pub fn plan(config: &Config) -> Vec<StreamPlan> {
                 namespace,
                 label_selector: rc.label_selector.clone(),
                 field_selector: rc.field_selector.clone(),
+                shard: None,
             };
             out.push(StreamPlan { key, name, resource_index });
         }

@@ -16,13 +16,17 @@
 use std::fmt;
 use std::hash::Hasher;
 
+use serde::{Deserialize, Serialize};
+
 /// The field the selector hashes.
 pub const SHARD_FIELD: &str = "object.metadata.uid";
 /// The most shards kubecast runs (a Lease, a set of positions and a producer each).
 pub const MAX_SHARDS: u32 = 256;
 
-/// Shard `index` of `count` (`index < count`, `1 <= count <= MAX_SHARDS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Shard `index` of `count` (`index < count`, `1 <= count <= MAX_SHARDS`). Stored as its
+/// label (`2-of-4`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Shard {
     index: u32,
     count: u32,
@@ -115,6 +119,19 @@ impl Shard {
 impl fmt::Display for Shard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "shard {} of {}", self.index, self.count)
+    }
+}
+
+impl TryFrom<String> for Shard {
+    type Error = String;
+    fn try_from(label: String) -> Result<Self, String> {
+        Shard::parse_label(&label).ok_or_else(|| format!("{label:?} is not a shard (e.g. \"2-of-4\")"))
+    }
+}
+
+impl From<Shard> for String {
+    fn from(s: Shard) -> String {
+        s.label()
     }
 }
 

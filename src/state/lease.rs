@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::model::Problem;
+use crate::model::shard::{MAX_SHARDS, Shard};
 
 /// `[coordination]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -45,6 +46,11 @@ pub struct CoordinationConfig {
     pub renew_deadline_seconds: u32,
     #[serde(default = "d_retry")]
     pub retry_period_seconds: u32,
+    /// Shards of every stream (1: one active process runs them all). With N > 1, each shard
+    /// is a Lease (`<lease_name>-<i>-of-<N>`), its own stream positions and, with exactly-once,
+    /// its own `transactional.id`; the replicas spread the shards among themselves.
+    #[serde(default = "d_shards")]
+    pub shards: u32,
 }
 
 impl Default for CoordinationConfig {
@@ -57,6 +63,7 @@ impl Default for CoordinationConfig {
             lease_duration_seconds: d_duration(),
             renew_deadline_seconds: d_deadline(),
             retry_period_seconds: d_retry(),
+            shards: d_shards(),
         }
     }
 }
@@ -72,6 +79,9 @@ fn d_deadline() -> u32 {
 }
 fn d_retry() -> u32 {
     2
+}
+fn d_shards() -> u32 {
+    1
 }
 
 impl CoordinationConfig {
@@ -91,10 +101,32 @@ impl CoordinationConfig {
         if self.identity.as_deref().is_some_and(|i| i.trim().is_empty()) {
             out.push(Problem::new("coordination.identity", "must not be empty", "remove it for the pod name"));
         }
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            out.push(Problem::new(
+                "coordination.shards",
+                format!("is {}; it must be between 1 and {MAX_SHARDS}", self.shards),
+                "1 (one active replica) or the number of slices the replicas share, e.g. 4",
+            ));
+        } else if self.shards > 1 && !self.enabled {
+            out.push(Problem::new(
+                "coordination.shards",
+                format!(
+                    "is {} but coordination.enabled is false: the replicas spread the shards through Leases",
+                    self.shards
+                ),
+                "set coordination.enabled = true, or shards = 1",
+            ));
+        }
         if self.lease_name.is_empty() {
             out.push(Problem::new("coordination.lease_name", "must not be empty", "e.g. \"kubecast\""));
         }
         out
+    }
+
+    /// The shards this deployment runs; `None` with `shards = 1` (one Lease, as without
+    /// sharding).
+    pub fn sharded(&self) -> Option<Vec<Shard>> {
+        (self.enabled && self.shards > 1).then(|| Shard::all(self.shards).collect())
     }
 
     pub fn namespace(&self) -> String {
