@@ -133,6 +133,7 @@ impl Pipeline {
                     missing_kind: rc.missing_kind,
                     streaming_lists: cluster.streaming_lists,
                     health: health.clone(),
+                    shard: s.key.shard,
                 };
                 Reflector::new(
                     spec,

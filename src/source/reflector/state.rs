@@ -14,6 +14,7 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 
+use super::shard::ShardWatch;
 use super::spec::{Item, ReflectorError, Start, StreamSpec};
 use super::view::IndexView;
 use crate::model::{Change, Effect, EventSource, Origin, RawObject, Verb};
@@ -88,6 +89,8 @@ pub struct Reflector {
     /// Changes after the resume point already delivered before a restart (out of order): the
     /// resumed watch acknowledges them without sending them again.
     pub(super) acked_ahead: HashSet<(String, String)>,
+    /// A shard's stream: what the apiserver does with its selector (`shard.rs`).
+    pub(super) shard_watch: Option<ShardWatch>,
 }
 
 /// The stream's counters (`src/metrics.rs`), resolved once.
@@ -111,6 +114,7 @@ impl Reflector {
         let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
         let acked_ahead = start.acked_ahead.into_iter().collect();
+        let shard_watch = spec.shard.map(|_| ShardWatch::new(&spec.name));
         Self {
             spec,
             target: None,
@@ -125,6 +129,7 @@ impl Reflector {
             backoff: new_backoff(),
             tx,
             acked_ahead,
+            shard_watch,
             metrics: {
                 let m = crate::observe::metrics::get();
                 let name = &spec_name;
