@@ -36,7 +36,7 @@ impl Shard {
     /// Shard `index` of `count`; `None` when `count` is 0 or above [`MAX_SHARDS`], or `index`
     /// is not below `count`.
     pub fn new(index: u32, count: u32) -> Option<Self> {
-        (count >= 1 && count <= MAX_SHARDS && index < count).then_some(Self { index, count })
+        ((1..=MAX_SHARDS).contains(&count) && index < count).then_some(Self { index, count })
     }
 
     /// Every shard of `count`, in order (none when `count` is out of range).

@@ -68,13 +68,11 @@ pub fn decide(me: &str, count: u32, view: &View) -> Decision {
         }
         return decision;
     }
-    let mut have = mine.len();
-    for shard in free {
+    for (have, shard) in (mine.len()..).zip(free) {
         if have >= ceil || min_other.is_some_and(|m| have > m) {
             break;
         }
         decision.acquire.push(shard);
-        have += 1;
     }
     decision
 }

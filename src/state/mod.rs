@@ -8,6 +8,7 @@
 
 pub mod assignment;
 pub mod lease;
+pub mod members;
 pub mod persister;
 pub mod store;
 pub mod watermark;
