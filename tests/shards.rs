@@ -1,0 +1,287 @@
+//! `[coordination] shards`: replicas spread the shards of every stream among themselves, each
+//! shard one Lease, one set of positions and its own lists and watches (the apiserver's
+//! `shardSelector`, or kubecast's own filter by the same hash where the apiserver does not
+//! apply it). Against the real apiserver and Kafka of `tests/env`.
+
+use kubecast_kit as common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::traffic::{Delivery, Source, Traffic};
+use common::{Kubecast, TestNamespace, client, create_cm};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A config of `shards` shards over the ConfigMaps of `ns` (short lease timings: 4 s lease,
+/// 2 s renew deadline, 1 s retry), the state in the Kafka topic `state`.
+fn sharded(ns: &str, lease: &str, shards: u32, state: &str) -> (String, String) {
+    let config =
+        common::lease_cm_config(ns, lease).replace("enabled = true\n", &format!("enabled = true\nshards = {shards}\n"));
+    let checkpoint = format!(
+        "store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\nbrokers = \"{}\"\ntopic = \"{state}\"\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    (config, checkpoint)
+}
+
+fn kafka_sink(topic: &str) -> String {
+    format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nmode = \"structured\"\n",
+        common::env_var("KAFKA_BROKERS")
+    )
+}
+
+/// The shards a running replica says it holds (`kubecast_shard_held`).
+async fn held(kc: &mut Kubecast) -> BTreeSet<String> {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kubecast_shard_held{") && l.ends_with(" 1"))
+        .filter_map(|l| Some(l.split('"').nth(1)?.to_string()))
+        .collect()
+}
+
+/// Waits until the running replicas `kcs` hold every one of `count` shards between them, each
+/// once, in the spread `want` (sorted counts); the shards of each.
+async fn wait_spread(kcs: &mut [&mut Kubecast], count: usize, want: &[usize], what: &str) -> Vec<BTreeSet<String>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut per = Vec::new();
+        for kc in kcs.iter_mut() {
+            per.push(held(kc).await);
+        }
+        let mut sizes: Vec<usize> = per.iter().map(BTreeSet::len).collect();
+        sizes.sort();
+        let all: BTreeSet<&String> = per.iter().flatten().collect();
+        if sizes == want && all.len() == count {
+            return per;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = kcs.iter().map(|k| k.log()).collect();
+            panic!("{what}: the shards never spread {want:?} (last {per:?})\n{}", logs.join("\n-----\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// This replica's identity, as its log says it.
+fn identity(kc: &Kubecast) -> String {
+    let log = kc.log();
+    let line = log.lines().find(|l| l.contains("sharded: taking a share")).expect("the start line");
+    line.split("identity=").nth(1).unwrap().split_whitespace().next().unwrap().trim_matches('"').to_string()
+}
+
+/// Every position record of the state topic, in the order written: (key, writer, epoch).
+fn positions(topic: &str) -> Vec<(String, String, i64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+        .set("group.id", common::unique("shards-state-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = BTreeMap::new();
+    for p in md.topics()[0].partitions() {
+        tpl.add_partition_offset(topic, p.id(), Offset::Beginning).unwrap();
+        let (_, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10)).unwrap();
+        ends.insert(p.id(), high);
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut done: BTreeSet<i32> = ends.iter().filter(|(_, h)| **h == 0).map(|(p, _)| *p).collect();
+    while done.len() < ends.len() && Instant::now() < deadline {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) else { continue };
+        if m.offset() + 1 >= ends[&m.partition()] {
+            done.insert(m.partition());
+        }
+        let (Some(key), Some(value)) = (m.key(), m.payload()) else { continue };
+        let key = String::from_utf8_lossy(key).to_string();
+        if !key.ends_with(".p") {
+            continue;
+        }
+        let v: Value = serde_json::from_slice(value).unwrap();
+        out.push((key, v["writer"].as_str().unwrap().to_string(), v["epoch"].as_i64().unwrap()));
+    }
+    out
+}
+
+/// 3 replicas, 4 shards, ~50 changes/s over 200 ConfigMaps into Kafka: the shards spread
+/// 2/1/1; one replica SIGKILLed and another paused past its lease (SIGSTOP) lose their shards
+/// to the others within about a lease duration; the paused one, woken up, never writes state
+/// again and gets shards back by a clean handover. Every change arrives, per object in
+/// apiserver order (after dropping duplicates by id), and the final view is the apiserver's.
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_share_four_shards_through_a_kill_and_a_pause() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("shards-events"), common::unique("shards-state"));
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &state);
+    let sink = kafka_sink(&topic);
+    let mut a = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    let mut b = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    let mut c = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    wait_spread(&mut [&mut a, &mut b, &mut c], 4, &[1, 1, 2], "3 replicas").await;
+    // Every shard listed (an empty namespace) before the load: no change precedes a list.
+    let deadline = Instant::now() + WAIT;
+    while [&a, &b, &c].iter().map(|k| k.log().matches("list complete").count()).sum::<usize>() < 4 {
+        assert!(Instant::now() < deadline, "not every shard listed:\n{}\n{}\n{}", a.log(), b.log(), c.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for kc in [&mut a, &mut b, &mut c] {
+        let body = kc.wait_ready(200).await;
+        assert!(body.contains("shards held: "), "{body}");
+    }
+    let source =
+        Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: false };
+    let traffic = Traffic::start(&api, source, 200, 50);
+    assert!(traffic.flowing(200, WAIT).await, "events flow");
+
+    // SIGKILL one: its shards move to the two others within about a lease duration.
+    let killed = Instant::now();
+    a.kill9();
+    wait_spread(&mut [&mut b, &mut c], 4, &[2, 2], "after a SIGKILL").await;
+    assert!(killed.elapsed() < Duration::from_secs(4 + 2 + 6), "shards moved after {:?}", killed.elapsed());
+    assert!(traffic.flowing(100, WAIT).await, "events flow after the kill");
+
+    // SIGSTOP another past its lease: the last one takes every shard.
+    let zombie = identity(&b);
+    b.signal("STOP");
+    wait_spread(&mut [&mut c], 4, &[4], "after a SIGSTOP").await;
+    // Until the new holder wrote every shard's position: what the paused one wrote before is
+    // behind that.
+    let survivor = identity(&c);
+    let deadline = Instant::now() + WAIT;
+    let taken_over = loop {
+        let records = positions(&state);
+        let mut last: BTreeMap<&str, &str> = BTreeMap::new();
+        for (key, writer, _) in &records {
+            last.insert(key, writer);
+        }
+        if last.len() == 4 && last.values().all(|w| *w == survivor) {
+            break records.len();
+        }
+        assert!(Instant::now() < deadline, "the survivor never wrote every shard's position: {last:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(traffic.flowing(100, WAIT).await, "events flow after the pause");
+
+    // Woken up, the paused one finds its Leases lost: it stops those shards without writing,
+    // stays in the group, and gets two shards back by a clean handover from the busiest.
+    b.signal("CONT");
+    b.wait_log("shard lost", 2).await;
+    wait_spread(&mut [&mut b, &mut c], 4, &[2, 2], "after the wake-up").await;
+    assert!(c.log().contains("giving this shard up"), "a clean handover:\n{}", c.log());
+    assert!(traffic.flowing(100, WAIT).await, "events flow after the handover");
+
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    assert!(verdict.written.count() > 500, "a steady load: {} changes", verdict.written.count());
+
+    // The paused replica wrote no position between losing its Leases and getting shards back
+    // by a handover: every record it wrote after the takeover is of a later epoch it held anew.
+    let records = positions(&state);
+    let mut epoch_of: BTreeMap<&str, i64> = BTreeMap::new();
+    for (key, writer, epoch) in &records[..taken_over] {
+        if writer != &zombie {
+            epoch_of.insert(key, *epoch);
+        }
+    }
+    for (key, writer, epoch) in &records[taken_over..] {
+        if writer == &zombie {
+            let taken = epoch_of.get(key.as_str()).copied().unwrap_or(-1);
+            assert!(
+                *epoch > taken,
+                "{key}: the paused replica wrote under epoch {epoch} after epoch {taken} took over"
+            );
+        }
+    }
+    for kc in [&mut b, &mut c] {
+        assert!(kc.stop().success(), "{}", kc.log());
+    }
+}
+
+/// One replica running 4 shards and an unsharded kubecast on the same ConfigMaps emit the
+/// same events (ids, in the same order per object), whether the apiserver applies the shard
+/// selector or kubecast filters by the same hash itself; `kubecast_shard_skipped_total` says
+/// which happened. Where the apiserver applies the selector, this also checks kubecast's hash
+/// against the apiserver's: an object the apiserver sent to a shard that kubecast's hash puts
+/// elsewhere would be skipped (counted), and one it put elsewhere would be missing.
+async fn same_events_as_unsharded(expect_server_side: bool) {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-same").await;
+    let state = common::unique("shards-state");
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &state);
+    let mut sharded = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+    let mut whole = Kubecast::start(&common::cm_config(&ns.name, ""));
+    sharded.wait_log("list complete", 4).await;
+    whole.wait_log("list complete", 1).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    for i in 0..40 {
+        create_cm(&client, &ns.name, &format!("cm-{i}"), json!({}), json!({"v": "1"})).await;
+    }
+    for i in (0..40).step_by(3) {
+        api.patch(&format!("cm-{i}"), &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}})))
+            .await
+            .unwrap();
+    }
+    for i in (0..40).step_by(7) {
+        api.delete(&format!("cm-{i}"), &DeleteParams::default()).await.unwrap();
+    }
+    let want = 40 + 14 + 6;
+    let ids = |evs: &[Value]| -> Vec<String> { evs.iter().map(|e| e["id"].as_str().unwrap().to_string()).collect() };
+    whole.wait_for("every change, unsharded", WAIT, |e| e.len() >= want).await;
+    sharded.wait_for("every change, sharded", WAIT, |e| e.len() >= want).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (w, s) = (whole.events(), sharded.events());
+    let set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(set(ids(&s)), set(ids(&w)), "the same events");
+    assert_eq!(s.len(), w.len(), "no event twice");
+    // Per object, the same order.
+    let per_object = |evs: &[Value]| {
+        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for e in evs {
+            m.entry(e["subject"].as_str().unwrap().to_string())
+                .or_default()
+                .push(e["id"].as_str().unwrap().to_string());
+        }
+        m
+    };
+    assert_eq!(per_object(&s), per_object(&w), "the same order per object");
+    let (_, metrics) = sharded.admin_get("/metrics").await;
+    let skipped: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kubecast_shard_skipped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    if expect_server_side {
+        assert_eq!(skipped, 0.0, "the apiserver applied the selector: no other shard's object arrived\n{metrics}");
+    } else {
+        assert!(skipped >= 30.0, "the apiserver ignored the selector: kubecast skipped the others' objects\n{metrics}");
+    }
+    assert!(sharded.stop().success(), "{}", sharded.log());
+    assert!(whole.stop().success(), "{}", whole.log());
+}
+
+/// The shared test apiserver runs without the `ShardedListAndWatch` gate: kubecast filters.
+#[tokio::test(flavor = "multi_thread")]
+async fn client_side_filtering_gives_the_unsharded_events() {
+    same_events_as_unsharded(false).await;
+}
+
+/// Needs an apiserver with `--feature-gates=ShardedListAndWatch=true` (alpha in 1.36): run with
+/// `KUBECAST_ENV_FILE` pointing at such an environment and `--ignored`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs an apiserver with --feature-gates=ShardedListAndWatch=true (not the shared environment's default)"]
+async fn server_side_filtering_gives_the_unsharded_events() {
+    same_events_as_unsharded(true).await;
+}
