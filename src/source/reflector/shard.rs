@@ -4,31 +4,9 @@
 //! `ShardedListAndWatch` gate off, a streaming list, which echoes nothing) the reflector skips
 //! them by the same hash. It always checks, so the items are the same either way.
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tracing::info;
 
 use super::state::Reflector;
-
-/// A shard stream's gauges and counters, and what the apiserver was last seen to do.
-pub(super) struct ShardWatch {
-    server_side: Gauge,
-    skipped: Counter,
-    /// Whether the apiserver applied the selector to the last list page; `None` until one.
-    applied: Option<bool>,
-}
-
-impl ShardWatch {
-    pub(super) fn new(stream: &str) -> Self {
-        let m = crate::observe::metrics::get();
-        let label = crate::observe::metrics::Stream { stream: stream.to_string() };
-        Self {
-            server_side: m.shard_server_side.get_or_create(&label).clone(),
-            skipped: m.shard_skipped.get_or_create(&label).clone(),
-            applied: None,
-        }
-    }
-}
 
 impl Reflector {
     /// Whether the object of `uid` belongs to another shard than this stream's (skipped).

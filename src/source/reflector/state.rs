@@ -12,9 +12,9 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::stream::BoxStream;
 use kube::api::{Api, WatchEvent, WatchParams};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
-use super::shard::ShardWatch;
 use super::spec::{Item, ReflectorError, Start, StreamSpec};
 use super::view::IndexView;
 use crate::model::{Change, Effect, EventSource, Origin, RawObject, Verb};
@@ -101,6 +101,26 @@ pub(super) struct ReflectorMetrics {
     pub(super) resync_events: Counter,
     pub(super) watch_restarts: Counter,
     pub(super) watched_once: bool,
+}
+
+/// A shard stream's gauges and counters, and what the apiserver was last seen to do.
+pub(super) struct ShardWatch {
+    pub(super) server_side: Gauge,
+    pub(super) skipped: Counter,
+    /// Whether the apiserver applied the selector to the last list page; `None` until one.
+    pub(super) applied: Option<bool>,
+}
+
+impl ShardWatch {
+    pub(super) fn new(stream: &str) -> Self {
+        let m = crate::observe::metrics::get();
+        let label = crate::observe::metrics::Stream { stream: stream.to_string() };
+        Self {
+            server_side: m.shard_server_side.get_or_create(&label).clone(),
+            skipped: m.shard_skipped.get_or_create(&label).clone(),
+            applied: None,
+        }
+    }
 }
 
 /// The receiver is gone: the pipeline is shutting down.
