@@ -958,7 +958,11 @@ fn sharded_values_render_the_shards_and_every_shard_lease_s_role() {
     assert!(!config_toml(&render("ha", &[])).contains("shards"), "1 shard: nothing rendered");
     let out = template("ha", &["coordination.shards=2", "coordination.enabled=false", "replicas=1"]);
     assert!(!out.status.success());
-    assert!(text(&out.stderr).contains("coordination.shards = 2 needs coordination.enabled = true"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("coordination.shards = 2 needs coordination.enabled = true"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = template("minimal", &["coordination.shards=2", "coordination.enabled=true"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("needs the state in Kafka or NATS"), "{}", text(&out.stderr));
