@@ -199,6 +199,15 @@ mod tests {
         assert_eq!(uid_hash(""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(uid_hash("a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(uid_hash("foobar"), 0x8594_4171_f739_67e8);
+        // Computed by the apiserver's own code (k8s.io/apimachinery v0.36.3,
+        // pkg/sharding.HashField), for uids as the apiserver makes them.
+        for (uid, hex) in [
+            ("6f1c1a9e-2b7d-4c1e-9f00-0123456789ab", "2198f536c97444d6"),
+            ("00000000-0000-0000-0000-000000000000", "7c384c6218f299f1"),
+            ("d2b3c1f0-8e4a-4b9e-a1c7-3f5e9d2a7b64", "6c9047a5687b963a"),
+        ] {
+            assert_eq!(format!("{:016x}", uid_hash(uid)), hex, "{uid}");
+        }
     }
 
     #[test]
