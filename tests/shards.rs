@@ -285,3 +285,36 @@ async fn client_side_filtering_gives_the_unsharded_events() {
 async fn server_side_filtering_gives_the_unsharded_events() {
     same_events_as_unsharded(true).await;
 }
+
+/// The stored positions of one shard count do not resume under another: a replica started with
+/// another count, or without shards, on the same state stops with an error naming both counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_shard_count_than_the_stored_state_s_is_refused_at_start() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-count").await;
+    let state = common::unique("shards-state");
+    let lease = common::unique("lease");
+    let (two, checkpoint) = sharded(&ns.name, &lease, 2, &state);
+    let mut kc = Kubecast::start_with_checkpoint(&two, &checkpoint, &[]);
+    kc.wait_log("list complete", 2).await;
+    create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;
+    let x = format!("{}/x", ns.name);
+    kc.wait_for("x", WAIT, |e| !common::about(e, &x).is_empty()).await;
+    let deadline = Instant::now() + WAIT;
+    while positions(&state).iter().map(|(k, _, _)| k).collect::<BTreeSet<_>>().len() < 2 {
+        assert!(Instant::now() < deadline, "both shards' positions written:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(kc.stop().success(), "{}", kc.log());
+
+    let (four, _) = sharded(&ns.name, &lease, 4, &state);
+    let unsharded = common::lease_cm_config(&ns.name, &common::unique("lease"));
+    for (config, ours) in [(four, 4), (unsharded, 1)] {
+        let mut kc = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+        let status = kc.wait_exit(WAIT).await;
+        assert!(!status.success(), "started on the state of 2 shards with {ours}:\n{}", kc.log());
+        let want = format!("was written with [coordination] shards = 2, and this process runs shards = {ours}");
+        assert!(kc.log().contains(&want), "{want}:\n{}", kc.log());
+        assert!(kc.events().is_empty(), "nothing published:\n{}", common::pretty(&kc.events()));
+    }
+}
