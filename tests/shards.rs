@@ -318,3 +318,27 @@ async fn another_shard_count_than_the_stored_state_s_is_refused_at_start() {
         assert!(kc.events().is_empty(), "nothing published:\n{}", common::pretty(&kc.events()));
     }
 }
+
+/// `kubecast state reset` and `import` keep unsharded state: with shards they refuse, naming
+/// the procedure (no server needed: refused before connecting).
+#[test]
+fn state_reset_and_import_refuse_sharded_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubecast.toml");
+    let (config, checkpoint) = (
+        "[coordination]\nenabled = true\nshards = 4\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n",
+        "[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"127.0.0.1:1\"\n",
+    );
+    std::fs::write(&path, format!("{config}{checkpoint}")).unwrap();
+    for args in [&["reset", "x", "--to", "now"][..], &["import", "/nonexistent.json"][..]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubecast"))
+            .args(["state", "--config"])
+            .arg(&path)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("[coordination] shards = 4") && err.contains("docs/sharding.md"), "{args:?}: {err}");
+    }
+}
