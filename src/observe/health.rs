@@ -136,3 +136,33 @@ impl Health {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(streams: &[&str]) -> Arc<Health> {
+        Health::new(
+            streams.iter().map(|s| s.to_string()).collect(),
+            Arc::new(AtomicBool::new(true)),
+            Default::default(),
+        )
+    }
+
+    #[test]
+    fn a_held_shard_s_streams_count_for_readiness_with_the_shard_named() {
+        let process = health(&[]);
+        let shard = Shard::new(1, 4).unwrap();
+        let streams = health(&["v1 ConfigMap (cluster-wide) [shard 1-of-4]"]);
+        process.set_shard(shard, Some(streams.clone()));
+        assert_eq!(process.shards(), [shard]);
+        assert_eq!(
+            process.not_ready(),
+            ["shard 1-of-4: stream v1 ConfigMap (cluster-wide) [shard 1-of-4]: initial sync not done"]
+        );
+        streams.set_phase(0, StreamPhase::Synced);
+        assert!(process.not_ready().is_empty());
+        process.set_shard(shard, None);
+        assert!(process.shards().is_empty());
+    }
+}
