@@ -31,9 +31,9 @@ fn sharded(ns: &str, lease: &str, shards: u32, state: &str) -> (String, String) 
     (config, checkpoint)
 }
 
-fn kafka_sink(topic: &str) -> String {
+fn kafka_sink(topic: &str, exactly_once: bool) -> String {
     format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nmode = \"structured\"\n",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nmode = \"structured\"\nexactly_once = {exactly_once}\n",
         common::env_var("KAFKA_BROKERS")
     )
 }
@@ -116,12 +116,25 @@ fn positions(topic: &str) -> Vec<(String, String, i64)> {
 /// apiserver order (after dropping duplicates by id), and the final view is the apiserver's.
 #[tokio::test(flavor = "multi_thread")]
 async fn three_replicas_share_four_shards_through_a_kill_and_a_pause() {
+    kill_and_pause(Delivery::AtLeastOnce).await;
+}
+
+/// The same with `exactly_once`: each shard's events and positions commit in its own Kafka
+/// transaction (`transactional.id` per shard), and a `read_committed` consumer sees every
+/// change once, none of what the paused replica sent after losing its shards.
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_holds_per_shard_through_a_kill_and_a_pause() {
+    kill_and_pause(Delivery::ExactlyOnce).await;
+}
+
+async fn kill_and_pause(delivery: Delivery) {
+    let exactly_once = delivery == Delivery::ExactlyOnce;
     let client = client().await;
     let ns = TestNamespace::new(&client, "shards").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     let (topic, state) = (common::unique("shards-events"), common::unique("shards-state"));
     let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &state);
-    let sink = kafka_sink(&topic);
+    let sink = kafka_sink(&topic, exactly_once);
     let mut a = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
     let mut b = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
     let mut c = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
@@ -137,7 +150,7 @@ async fn three_replicas_share_four_shards_through_a_kill_and_a_pause() {
         assert!(body.contains("shards held: "), "{body}");
     }
     let source =
-        Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: false };
+        Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: exactly_once };
     let traffic = Traffic::start(&api, source, 200, 50);
     assert!(traffic.flowing(200, WAIT).await, "events flow");
 
@@ -178,7 +191,7 @@ async fn three_replicas_share_four_shards_through_a_kill_and_a_pause() {
     assert!(c.log().contains("giving this shard up"), "a clean handover:\n{}", c.log());
     assert!(traffic.flowing(100, WAIT).await, "events flow after the handover");
 
-    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    let verdict = traffic.finish(delivery, WAIT).await;
     assert!(verdict.written.count() > 500, "a steady load: {} changes", verdict.written.count());
 
     // The paused replica wrote no position between losing its Leases and getting shards back
