@@ -15,6 +15,7 @@ use super::wiring::{CHANNEL_CAPACITY, Pipeline};
 use super::{leadership, shutdown, store, supervise};
 use crate::observe::health::Health;
 use crate::sink::Sink;
+use crate::sink::kafka::transaction::OwnerCheck;
 use crate::source::client::ApiLimiter;
 use crate::source::reflector::Item;
 use crate::state::store::Owner;
@@ -42,12 +43,14 @@ pub struct Held {
     /// Fired when the lease is lost or the store fenced this process, also during the drain:
     /// publishing stops at once.
     pub lost: CancellationToken,
+    /// Whether the Lease is held right now (the keeper's renewals; see `leadership::Tenure`).
+    pub tenure: leadership::Tenure,
 }
 
 /// Runs `pipeline` while the Lease is held, until `active.cancel` fires or something fails.
 pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Result<(), RunError> {
     let Active { client, limiter: api_limiter, sink, health, cancel } = active;
-    let Held { epoch, writer, keeper: mut lease, stop: lease_stop, lost: lease_lost } = held;
+    let Held { epoch, writer, keeper: mut lease, stop: lease_stop, lost: lease_lost, tenure } = held;
     // The state, opened and read only by the active process, and only while it holds the
     // Lease: abandoned as soon as the keeper reports it lost.
     match leadership::while_held(&mut lease, open_state(&mut pipeline, client, &sink, epoch, writer, &cancel)).await {
@@ -68,6 +71,17 @@ pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Resu
             return Err(e);
         }
     }
+
+    // Kafka: after a transaction the broker aborted for its age, the producer takes its
+    // transactional.id over again only while this process holds the Lease (always without
+    // coordination: the only guard there is the one process the chart runs).
+    let owner: OwnerCheck = if lease.is_some() {
+        let tenure = tenure.clone();
+        Arc::new(move || tenure.held())
+    } else {
+        Arc::new(|| true)
+    };
+    pipeline.store().may_take_over(owner);
 
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     let reflectors = pipeline.reflectors(client, api_limiter, health, &items_tx);

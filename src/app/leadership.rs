@@ -3,6 +3,7 @@
 //! stops at once (see [`crate::state::lease`]).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
@@ -70,11 +71,13 @@ pub async fn keep_lease(
     cfg: CoordinationConfig,
     epoch: i32,
     stop: CancellationToken,
-    lost_token: CancellationToken,
+    tenure: Tenure,
 ) -> Result<(), RunError> {
     let retry = Duration::from_secs(cfg.retry_period_seconds.into());
-    let deadline = Duration::from_secs(cfg.renew_deadline_seconds.into());
+    let deadline = tenure.deadline;
+    let lost_token = tenure.lost.clone();
     let mut renewed = Instant::now();
+    tenure.renewed(renewed);
     let result = loop {
         tokio::select! {
             _ = stop.cancelled() => {
@@ -92,6 +95,7 @@ pub async fn keep_lease(
         match tokio::time::timeout(retry.min(left), elector.try_acquire_or_renew()).await {
             Ok(Ok(Attempt::Held { epoch: now })) if now == epoch => {
                 renewed = started;
+                tenure.renewed(started);
                 set_leader(&elector, true, epoch);
             }
             Ok(Ok(Attempt::Held { epoch: now })) => {
@@ -106,6 +110,41 @@ pub async fn keep_lease(
     set_leader(&elector, false, 0);
     lost_token.cancel();
     result
+}
+
+/// Whether this process holds the Lease right now, as far as it can know: the keeper has not
+/// reported it lost, and its last successful renewal started within the renew deadline (no
+/// other process can have taken it since). Read by the Kafka transaction before it takes its
+/// `transactional.id` over again.
+#[derive(Clone)]
+pub struct Tenure {
+    origin: Instant,
+    /// Milliseconds from `origin` to the start of the last successful renewal.
+    renewed_ms: Arc<AtomicU64>,
+    deadline: Duration,
+    /// Cancelled when the Lease is lost (or the store fenced this process).
+    pub lost: CancellationToken,
+}
+
+impl Tenure {
+    pub fn new(cfg: &CoordinationConfig, lost: CancellationToken) -> Self {
+        Self {
+            origin: Instant::now(),
+            renewed_ms: Arc::default(),
+            deadline: Duration::from_secs(cfg.renew_deadline_seconds.into()),
+            lost,
+        }
+    }
+
+    fn renewed(&self, at: Instant) {
+        let ms = u64::try_from(at.saturating_duration_since(self.origin).as_millis()).unwrap_or(u64::MAX);
+        self.renewed_ms.store(ms, Ordering::SeqCst);
+    }
+
+    pub fn held(&self) -> bool {
+        let renewed = self.origin + Duration::from_millis(self.renewed_ms.load(Ordering::SeqCst));
+        !self.lost.is_cancelled() && renewed.elapsed() < self.deadline
+    }
 }
 
 /// Runs `work` while this process holds the Lease: when the keeper ends first (it lost the

@@ -60,6 +60,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     // publishing stops at once.
     let lease_lost = CancellationToken::new();
     let mut lease = None;
+    let tenure = leadership::Tenure::new(&pipeline.config.coordination, lease_lost.clone());
     let (epoch, writer) = match leadership::elector(&client, &pipeline.config.coordination, &health) {
         Some(mut elector) => {
             let cfg = pipeline.config.coordination.clone();
@@ -68,7 +69,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 return Ok(());
             };
             let writer = elector.identity().to_string();
-            let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), lease_lost.clone());
+            let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), tenure.clone());
             lease = Some(tokio::spawn(keeper));
             (Some(i64::from(epoch)), writer)
         }
@@ -78,6 +79,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
         }
     };
     let active = Active { client: &client, limiter: &api_limiter, sink, health: &health, cancel };
-    let held = Held { epoch, writer, keeper: lease, stop: lease_stop, lost: lease_lost };
+    let held = Held { epoch, writer, keeper: lease, stop: lease_stop, lost: lease_lost, tenure };
     active::run(pipeline, active, held).await
 }

@@ -207,7 +207,8 @@ async fn run_shard(
     let cfg = shared.config.coordination.clone();
     let writer = elector.identity().to_string();
     let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
-    let keeper = tokio::spawn(leadership::keep_lease(elector, cfg, epoch, stop.clone(), lost.clone()));
+    let tenure = leadership::Tenure::new(&cfg, lost.clone());
+    let keeper = tokio::spawn(leadership::keep_lease(elector, cfg, epoch, stop.clone(), tenure.clone()));
     let pipeline = Pipeline::for_shard(shared.config.clone(), shard);
     let opened = async {
         let config = &pipeline.config;
@@ -235,6 +236,6 @@ async fn run_shard(
         tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));
     }
     let active = Active { client: &shared.client, limiter: &shared.limiter, sink, health: &health, cancel };
-    let held = Held { epoch: Some(i64::from(epoch)), writer, keeper: Some(keeper), stop, lost };
+    let held = Held { epoch: Some(i64::from(epoch)), writer, keeper: Some(keeper), stop, lost, tenure };
     (shard, active::run(pipeline, active, held).await)
 }

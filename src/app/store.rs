@@ -132,7 +132,7 @@ pub(super) fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig,
                 cc.set(name, v);
             }
             crate::sink::kafka::security::set_system_ca(&mut cc);
-            cc.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
+            cc.set_log_level(crate::sink::kafka::log_level(&cc));
             Ok(cc)
         }
         (None, None) => unreachable!("checked by the config"),

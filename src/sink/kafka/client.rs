@@ -92,7 +92,7 @@ impl KafkaSink {
             cc.set(k, v);
         }
         super::security::set_system_ca(&mut cc);
-        cc.set_log_level(RDKafkaLogLevel::Warning);
+        cc.set_log_level(super::logging::log_level(&cc));
         let connected = Arc::new(AtomicBool::new(true));
         let cause = Arc::new(Mutex::new(None));
         let producer: FutureProducer<KafkaContext> = super::roles::for_producer(&cc)

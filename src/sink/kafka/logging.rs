@@ -2,6 +2,7 @@
 //! Kafka client context (the sink's producer, the transactional one, the state store's
 //! consumers and admin client).
 
+use rdkafka::ClientConfig;
 use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::consumer::ConsumerContext;
@@ -28,6 +29,13 @@ pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
         (RDKafkaLogLevel::Warning, None) => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
         _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
     }
+}
+
+/// The level librdkafka logs at for `cc`: warnings and errors, or everything when the
+/// properties set librdkafka's `debug` contexts (e.g. `"eos,txn,broker"`: its debug lines then
+/// come at kubecast's DEBUG level, target `kubecast::kafka`).
+pub fn log_level(cc: &ClientConfig) -> RDKafkaLogLevel {
+    if cc.get("debug").is_some_and(|d| !d.is_empty()) { RDKafkaLogLevel::Debug } else { RDKafkaLogLevel::Warning }
 }
 
 /// A client error (librdkafka's error callback) at ERROR, with a `fix` for TLS and SASL failures.

@@ -24,4 +24,4 @@ pub mod transaction;
 pub use client::{KafkaContext, KafkaSink};
 pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode};
 pub use encode::{clean_topic_part, encode};
-pub use logging::LogContext;
+pub use logging::{LogContext, log_level};

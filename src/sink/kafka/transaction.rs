@@ -44,10 +44,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
-use rdkafka::config::RDKafkaLogLevel;
-use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
-use rdkafka::message::{Headers, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{Producer, ThreadedProducer};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
@@ -55,11 +53,23 @@ pub use super::limits::Limits;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics;
 pub use context::TxnContext;
+pub use error::TxnError;
+use error::classify;
+pub use record::Record;
+use record::{produce, produce_blocking};
+pub use take_over::OwnerCheck;
+use take_over::{may_take_over_again, new_producer};
 
 mod context;
+mod error;
+mod record;
+mod take_over;
 
 /// How long one transactional call may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `transaction.timeout.ms`: the broker aborts a transaction open longer (Kafka's default).
+pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long an abandoned transaction's abort may take (else the broker aborts it when the
 /// next process takes the `transactional.id` over, or after `transaction.timeout.ms`).
@@ -67,50 +77,6 @@ const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often a send waiting for room looks again even if no commit or abort told it.
 const ROOM_CHECK: Duration = Duration::from_secs(1);
-
-/// Why a transaction did not commit.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum TxnError {
-    /// Another producer with this `transactional.id` took over, or the producer is dead.
-    #[error("{0}")]
-    Fatal(String),
-    /// Not committed; its events are produced again in the next transaction.
-    #[error("{0}")]
-    Retriable(String),
-    /// A record that no retry will deliver: kubecast stops (nothing of it was committed).
-    #[error("{0}")]
-    Poison(String),
-}
-
-/// One record of the transaction.
-#[derive(Clone)]
-pub struct Record {
-    pub topic: String,
-    pub key: String,
-    /// `None`: a tombstone.
-    pub payload: Option<Vec<u8>>,
-    pub headers: Option<OwnedHeaders>,
-}
-
-impl Record {
-    fn size(&self) -> usize {
-        self.topic.len() + self.key.len() + self.payload.as_ref().map_or(0, Vec::len) + 64
-    }
-
-    /// At least the size librdkafka compares with `message.max.bytes` before it takes a record:
-    /// key, value and headers with their framing, each length counted at its largest.
-    fn wire_size(&self) -> usize {
-        /// A record's framing at its largest (librdkafka's `RD_KAFKAP_MESSAGE_V2_MAX_OVERHEAD`).
-        const FRAMING: usize = 36;
-        /// A header's two lengths at their largest.
-        const HEADER_FRAMING: usize = 20;
-        let headers: usize = self
-            .headers
-            .as_ref()
-            .map_or(0, |h| h.iter().map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len) + HEADER_FRAMING).sum());
-        FRAMING + self.key.len() + self.payload.as_ref().map_or(0, Vec::len) + headers
-    }
-}
 
 /// What a send does next with a record.
 enum Step {
@@ -129,7 +95,12 @@ enum State {
 }
 
 struct Inner {
+    /// Replaced by a new one when the broker aborted a transaction for its age (see
+    /// [`Transaction::take_over_again`]).
+    producer: ThreadedProducer<TxnContext>,
     state: State,
+    /// When the open transaction began.
+    begun: Instant,
     /// Exactly-once: the events of the open transaction, in send order (`Committing`: those of
     /// the transaction being committed first, then those sent since).
     events: Vec<Record>,
@@ -153,7 +124,15 @@ impl Inner {
 
 /// The transactional producer and its open transaction.
 pub struct Transaction {
-    producer: ThreadedProducer<TxnContext>,
+    /// The producer's configuration (with its `transactional.id`), for a new producer.
+    config: ClientConfig,
+    connected: Arc<AtomicBool>,
+    /// The first record rejected for good, shared by every producer of this transaction.
+    poison: Arc<Mutex<Option<String>>>,
+    /// `transaction.timeout.ms`.
+    timeout: Duration,
+    /// `None`: never taken over again (the fence stops the process).
+    owner: Mutex<Option<OwnerCheck>>,
     /// For errors: the `transactional.id`.
     what: String,
     exactly_once: bool,
@@ -176,24 +155,40 @@ impl Transaction {
         exactly_once: bool,
         connected: Arc<AtomicBool>,
     ) -> Result<Self, TxnError> {
+        Self::init_with_timeout(client, transactional_id, exactly_once, connected, TRANSACTION_TIMEOUT)
+    }
+
+    /// [`Transaction::init`] with another `transaction.timeout.ms` (tests).
+    pub fn init_with_timeout(
+        client: &ClientConfig,
+        transactional_id: &str,
+        exactly_once: bool,
+        connected: Arc<AtomicBool>,
+        timeout: Duration,
+    ) -> Result<Self, TxnError> {
         let what = format!("Kafka transactional producer (transactional.id {transactional_id})");
-        let mut pc = super::roles::for_producer(client);
-        pc.set("transactional.id", transactional_id)
+        let mut config = super::roles::for_producer(client);
+        config
+            .set("transactional.id", transactional_id)
             .set("enable.idempotence", "true")
             .set("acks", "all")
-            .set("transaction.timeout.ms", "60000");
-        pc.set_log_level(RDKafkaLogLevel::Warning);
-        let max_record = pc.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
-        let producer: ThreadedProducer<TxnContext> = pc
-            .create_with_context(TxnContext { connected, poison: Mutex::new(None) })
-            .map_err(|e| TxnError::Retriable(format!("{what}: {e}")))?;
-        producer.init_transactions(TIMEOUT).map_err(|e| classify(&what, &e))?;
+            .set("transaction.timeout.ms", timeout.as_millis().to_string());
+        config.set_log_level(super::logging::log_level(&config));
+        let max_record = config.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+        let poison = Arc::default();
+        let producer = new_producer(&config, &what, &connected, &poison)?;
         let txn = Self {
-            producer,
+            config,
+            connected,
+            poison,
+            timeout,
+            owner: Mutex::new(None),
             what,
             exactly_once,
             inner: Mutex::new(Inner {
+                producer,
                 state: State::Idle,
+                begun: Instant::now(),
                 events: Vec::new(),
                 committing: 0,
                 event_bytes: 0,
@@ -216,6 +211,15 @@ impl Transaction {
 
     pub fn exactly_once(&self) -> bool {
         self.exactly_once
+    }
+
+    /// Lets this process take its `transactional.id` over again when the broker aborted its
+    /// transaction for being open longer than `transaction.timeout.ms` (a broker paused or
+    /// unreachable that long bumps the producer's epoch, which fences it like a successor
+    /// would), as long as `owner` says it still owns the state. Without it such a fence stops
+    /// the process.
+    pub fn may_take_over(&self, owner: OwnerCheck) {
+        *self.owner.lock().expect("owner lock") = Some(owner);
     }
 
     /// The gate the delivery queue passes before each send (exactly-once).
@@ -345,7 +349,7 @@ impl Transaction {
     /// librdkafka's queue is full; `Err` for a record too large (not kept).
     fn put(&self, inner: &mut Inner, record: Record) -> Result<Option<Record>, KafkaError> {
         if inner.state == State::Open {
-            match produce(&self.producer, &record) {
+            match produce(&inner.producer, &record) {
                 Ok(()) => {}
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => return Ok(Some(record)),
                 Err(e @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => return Err(e),
@@ -376,6 +380,13 @@ impl Transaction {
     /// is harmless).
     pub fn commit(&self, records: &[Record]) -> Result<(), TxnError> {
         let mut inner = self.lock();
+        match self.commit_locked(&mut inner, records) {
+            Err(TxnError::Fatal(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
+            other => other,
+        }
+    }
+
+    fn commit_locked(&self, inner: &mut Inner, records: &[Record]) -> Result<(), TxnError> {
         if inner.state == State::Abandoned {
             return Err(TxnError::Fatal(format!(
                 "{}: the transaction was abandoned; nothing more is committed",
@@ -383,34 +394,69 @@ impl Transaction {
             )));
         }
         if inner.state == State::Committing {
-            match self.producer.commit_transaction(TIMEOUT) {
+            match inner.producer.commit_transaction(TIMEOUT) {
                 Ok(()) => {
                     let n = inner.committing;
-                    self.committed(&mut inner, n);
+                    self.committed(inner, n);
                     debug!("{}: the commit that had timed out finished", self.what);
                 }
-                Err(e) => return Err(self.commit_failed(&mut inner, &e)),
+                Err(e) => return Err(self.commit_failed(inner, &e)),
             }
         }
-        self.ready(&mut inner)?;
-        if let Err(e) = records.iter().try_for_each(|r| produce_blocking(&self.producer, r)) {
+        self.ready(inner)?;
+        if let Err(e) = records.iter().try_for_each(|r| produce_blocking(&inner.producer, r)) {
             inner.state = State::MustAbort;
-            return Err(self.abort_soon(&mut inner, self.failure(&e)));
+            return Err(self.abort_soon(inner, self.failure(&e)));
         }
-        match self.producer.commit_transaction(TIMEOUT) {
+        match inner.producer.commit_transaction(TIMEOUT) {
             Ok(()) => {
                 let n = inner.events.len();
-                self.committed(&mut inner, n);
+                self.committed(inner, n);
                 if self.exactly_once {
-                    self.reopen(&mut inner)?;
+                    self.reopen(inner)?;
                 }
                 Ok(())
             }
             Err(e) => {
                 inner.committing = inner.events.len();
-                Err(self.commit_failed(&mut inner, &e))
+                Err(self.commit_failed(inner, &e))
             }
         }
+    }
+
+    /// `commit` failed with the fatal `why`: takes the `transactional.id` over again if the
+    /// broker's timeout fenced this producer and this process still owns the state, else
+    /// returns the fatal error. Retriable when taken over (the caller writes again).
+    fn take_over_again(&self, inner: &mut Inner, why: String) -> TxnError {
+        let age = inner.begun.elapsed();
+        let owner = self.owner.lock().expect("owner lock").clone();
+        if let Err(not) = may_take_over_again(age, self.timeout, owner.as_ref()) {
+            return TxnError::Fatal(format!("{why}{not}"));
+        }
+        warn!(
+            error = %why,
+            open_seconds = age.as_secs(),
+            events = inner.events.len(),
+            "{}: the broker aborted the transaction after transaction.timeout.ms and fenced this producer; this process still owns the state, so a new producer takes the transactional.id over and the events are sent again",
+            self.what
+        );
+        let producer = match new_producer(&self.config, &self.what, &self.connected, &self.poison) {
+            Ok(p) => p,
+            // Still the old, dead producer: the next commit comes here again.
+            Err(e) => return e,
+        };
+        inner.producer = producer;
+        outcome("taken_over");
+        inner.state = State::Idle;
+        inner.committing = 0;
+        if self.exactly_once
+            && let Err(e) = self.reopen(inner)
+        {
+            return e;
+        }
+        TxnError::Retriable(format!(
+            "{why}; the broker had aborted the transaction after transaction.timeout.ms: taken over again, its events are sent again"
+        ))
     }
 
     /// The first `n` events (and the state records with them) are committed.
@@ -476,7 +522,7 @@ impl Transaction {
     pub fn abandon(&self) {
         let mut inner = self.lock();
         if matches!(inner.state, State::Open | State::MustAbort) {
-            match self.producer.abort_transaction(ABANDON_TIMEOUT) {
+            match inner.producer.abort_transaction(ABANDON_TIMEOUT) {
                 Ok(()) => outcome("aborted"),
                 Err(e) => warn!(
                     error = %e,
@@ -504,7 +550,7 @@ impl Transaction {
     /// aborts a failed one, begins, produces the kept events again.
     fn ready(&self, inner: &mut Inner) -> Result<(), TxnError> {
         if inner.state == State::MustAbort {
-            self.producer.abort_transaction(TIMEOUT).map_err(|e| self.failure(&e))?;
+            inner.producer.abort_transaction(TIMEOUT).map_err(|e| self.failure(&e))?;
             outcome("aborted");
             warn!(
                 events = inner.events.len(),
@@ -523,13 +569,14 @@ impl Transaction {
 
     /// Begins a transaction and produces the kept events into it (same order).
     fn reopen(&self, inner: &mut Inner) -> Result<(), TxnError> {
-        self.producer.begin_transaction().map_err(|e| classify(&self.what, &e))?;
+        inner.producer.begin_transaction().map_err(|e| classify(&self.what, &e))?;
         inner.state = State::Open;
+        inner.begun = Instant::now();
         if !inner.events.is_empty() {
             debug!(events = inner.events.len(), "{}: sending the aborted transaction's events again", self.what);
         }
         for r in &inner.events {
-            if let Err(e) = produce_blocking(&self.producer, r) {
+            if let Err(e) = produce_blocking(&inner.producer, r) {
                 inner.state = State::MustAbort;
                 return Err(self.failure(&e));
             }
@@ -546,7 +593,7 @@ impl Transaction {
     }
 
     fn poisoned(&self) -> Option<TxnError> {
-        let p = self.producer.context().poison.lock().expect("poison lock").take()?;
+        let p = self.poison.lock().expect("poison lock").take()?;
         Some(TxnError::Poison(format!(
             "{}: {p}; no retry can deliver it, and exactly-once cannot skip it (fix: create the topic, grant the producer access, or raise the topic's max.message.bytes; then restart kubecast)",
             self.what
@@ -563,44 +610,6 @@ fn held(inner: &Inner) {
 
 fn outcome(outcome: &'static str) {
     metrics::get().transactions.get_or_create(&metrics::Outcome { outcome }).inc();
-}
-
-fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
-    let mut br = BaseRecord::<str, [u8]>::to(&r.topic).key(&r.key);
-    if let Some(p) = &r.payload {
-        br = br.payload(p);
-    }
-    if let Some(h) = &r.headers {
-        br = br.headers(h.clone());
-    }
-    producer.send(br).map_err(|(e, _)| e)
-}
-
-/// [`produce`], waiting (up to [`TIMEOUT`]) while librdkafka's queue is full.
-fn produce_blocking(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        match produce(producer, r) {
-            Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) if Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            other => return other,
-        }
-    }
-}
-
-/// Fenced or otherwise dead: fatal; anything else: retriable.
-fn classify(what: &str, e: &KafkaError) -> TxnError {
-    let fatal = matches!(e, KafkaError::Transaction(t) if t.is_fatal());
-    if fatal
-        || matches!(
-            e.rdkafka_error_code(),
-            Some(RDKafkaErrorCode::Fenced | RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
-        )
-    {
-        return TxnError::Fatal(format!("{what}: {e}"));
-    }
-    TxnError::Retriable(format!("{what}: {e}"))
 }
 
 /// Unit tests without a broker (`tests.rs` in the folder of this file's name).

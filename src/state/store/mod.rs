@@ -101,6 +101,15 @@ impl Store {
         }
     }
 
+    /// Kafka: lets the transactional producer take its `transactional.id` over again after the
+    /// broker aborted a transaction for its age, while `owner` says this process still owns
+    /// the state (see `sink/kafka/transaction/take_over.rs`). Nothing for other stores.
+    pub fn may_take_over(&self, owner: crate::sink::kafka::transaction::OwnerCheck) {
+        if let Store::Kafka(k) = self {
+            k.transaction().may_take_over(owner);
+        }
+    }
+
     /// Exactly-once into Kafka: notified when the open transaction should be committed before
     /// the next interval (it holds many events).
     pub fn commit_soon(&self) -> Option<Arc<tokio::sync::Notify>> {

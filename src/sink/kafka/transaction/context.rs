@@ -15,7 +15,7 @@ use tracing::error;
 /// Logs librdkafka's messages and keeps the first record rejected for good.
 pub struct TxnContext {
     pub(super) connected: Arc<AtomicBool>,
-    pub(super) poison: Mutex<Option<String>>,
+    pub(super) poison: Arc<Mutex<Option<String>>>,
 }
 
 impl ClientContext for TxnContext {

@@ -1,8 +1,10 @@
 //! Unit tests of the transaction without a broker.
 
 use super::*;
-use rdkafka::message::Header;
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::BaseProducer;
+use rdkafka::producer::BaseRecord;
 
 /// The size checked before a record is kept is never below librdkafka's own check (no
 /// broker needed: librdkafka refuses a record larger than `message.max.bytes` at once),

@@ -1,0 +1,80 @@
+//! A producer fenced by the broker's own timeout, not by a successor: the transaction was open
+//! longer than `transaction.timeout.ms` (the broker was paused or unreachable meanwhile), so
+//! the broker aborted it and bumped the producer's epoch. librdkafka reports that as the same
+//! fatal "fenced" as a successor's `init_transactions`, and the producer is dead either way.
+//! When the transaction was that old and this process still owns the state (the
+//! [`OwnerCheck`]), a new producer takes the `transactional.id` over and the kept events are
+//! produced again in a new transaction: nothing of the aborted one was committed, so nothing
+//! is lost or doubled. A younger transaction was fenced by another producer: that stays fatal.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use rdkafka::ClientConfig;
+use rdkafka::producer::{Producer, ThreadedProducer};
+
+use std::time::Duration;
+
+use super::context::TxnContext;
+use super::error::{TxnError, classify};
+
+/// How long `init_transactions` may take.
+const INIT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether this process may take its `transactional.id` over again after the broker aborted
+/// its transaction for being open too long: it holds the Lease (confirmed within the renew
+/// deadline), or runs without coordination.
+pub type OwnerCheck = Arc<dyn Fn() -> bool + Send + Sync>;
+
+/// `Ok` when a fence of a transaction open for `age` can only be the broker's timeout
+/// (`age` >= `timeout`) and `owner` says this process still owns the state; else why not,
+/// added to the fatal error (empty: nothing to add).
+pub(super) fn may_take_over_again(age: Duration, timeout: Duration, owner: Option<&OwnerCheck>) -> Result<(), String> {
+    if age < timeout {
+        return Err(String::new());
+    }
+    match owner {
+        Some(owner) if owner() => Ok(()),
+        Some(_) => Err(format!(
+            "; the transaction was open {} s, past transaction.timeout.ms, but this process no longer holds the Lease",
+            age.as_secs()
+        )),
+        None => Err(String::new()),
+    }
+}
+
+/// A transactional producer that took the `transactional.id` over (`init_transactions`).
+/// Blocking.
+pub(super) fn new_producer(
+    config: &ClientConfig,
+    what: &str,
+    connected: &Arc<AtomicBool>,
+    poison: &Arc<Mutex<Option<String>>>,
+) -> Result<ThreadedProducer<TxnContext>, TxnError> {
+    let producer: ThreadedProducer<TxnContext> = config
+        .create_with_context(TxnContext { connected: connected.clone(), poison: poison.clone() })
+        .map_err(|e| TxnError::Retriable(format!("{what}: {e}")))?;
+    producer.init_transactions(INIT_TIMEOUT).map_err(|e| classify(what, &e))?;
+    Ok(producer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn only_a_transaction_past_its_timeout_whose_process_owns_the_state_is_taken_over_again() {
+        let yes: OwnerCheck = Arc::new(|| true);
+        let no: OwnerCheck = Arc::new(|| false);
+        let old = Duration::from_secs(61);
+        assert_eq!(may_take_over_again(old, TIMEOUT, Some(&yes)), Ok(()));
+        // Younger than the timeout: the broker did not abort it, a successor fenced it.
+        assert_eq!(may_take_over_again(Duration::from_secs(59), TIMEOUT, Some(&yes)), Err(String::new()));
+        let lost = may_take_over_again(old, TIMEOUT, Some(&no)).unwrap_err();
+        assert!(lost.contains("no longer holds the Lease"), "{lost}");
+        // Never allowed (no owner check set): stays fatal.
+        assert_eq!(may_take_over_again(old, TIMEOUT, None), Err(String::new()));
+    }
+}
