@@ -141,6 +141,7 @@ async fn writes_and_load(kind: Kind, env: &kubecast_kit::Env, n: usize, seconds:
         namespace: Some("bench".into()),
         label_selector: String::new(),
         field_selector: String::new(),
+        shard: None,
     };
     let keys = vec![key.clone()];
     let store = place.open(0).await?;

@@ -936,6 +936,38 @@ fn ha_values_render_two_replicas_a_lease_and_its_role() {
     assert!(text(&out.stderr).contains("replicas = 2 needs coordination.enabled = true"), "{}", text(&out.stderr));
 }
 
+/// `coordination.shards`: the config runs that many shards, and the Role names each shard's
+/// Lease (`<lease>-<i>-of-<N>`) and allows the replicas' member Leases; shards without
+/// coordination or with the state on a volume are refused.
+#[test]
+fn sharded_values_render_the_shards_and_every_shard_lease_s_role() {
+    let objs = render("ha", &["coordination.shards=4", "replicas=3"]);
+    assert_has_lines(&config_toml(&objs), &["[coordination]", "enabled = true", "shards = 4"]);
+    let role = objs
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "k-kubecast-lease")
+        .expect("the lease role");
+    let names = ["k-kubecast-0-of-4", "k-kubecast-1-of-4", "k-kubecast-2-of-4", "k-kubecast-3-of-4"];
+    assert_eq!(
+        role["rules"],
+        json!([
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": names, "verbs": ["get", "update"]},
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "update", "delete"]}
+        ])
+    );
+    assert!(!config_toml(&render("ha", &[])).contains("shards"), "1 shard: nothing rendered");
+    let out = template("ha", &["coordination.shards=2", "coordination.enabled=false", "replicas=1"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("coordination.shards = 2 needs coordination.enabled = true"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = template("minimal", &["coordination.shards=2", "coordination.enabled=true"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("needs the state in Kafka or NATS"), "{}", text(&out.stderr));
+}
+
 /// kubecast stops within `shutdown_timeout_seconds`; the grace period before the kubelet's
 /// SIGKILL is derived from it, and a shorter one is refused.
 #[test]

@@ -111,6 +111,24 @@ const BAD: &[BadCase] = &[
         &["coordination.lease_duration_seconds", "lease_duration_seconds (5) >= renew_deadline_seconds (10)", "fix:"],
     ),
     (
+        "shards without coordination",
+        "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.shards", "coordination.enabled is false", "fix: set coordination.enabled = true"],
+    ),
+    (
+        "no shards",
+        "[coordination]\nenabled = true\nshards = 0\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.shards", "is 0; it must be between 1 and 256"],
+    ),
+    (
+        "shards with the state in one replica's directory",
+        "[coordination]\nenabled = true\nshards = 2\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.shards", "checkpoint.store is \"file\"", "set checkpoint.store = \"kafka\" or \"nats\""],
+    ),
+    (
         "the dead letter in the sink's own file",
         "[sink]\ntype = \"file\"\npath = \"/tmp/e.jsonl\"\n[delivery.dead_letter]\npath = \"/tmp/e.jsonl\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
@@ -416,4 +434,12 @@ exactly_once = true
             "{err}"
         );
     }
+}
+
+#[test]
+fn shards_with_coordination_and_a_broker_store_pass() {
+    let toml = "[coordination]\nenabled = true\nshards = 4\n[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://x:4222\"\n[checkpoint]\nstore = \"nats\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, out, err) = check(toml, &[]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("config OK"), "{out}");
 }

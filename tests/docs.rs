@@ -5,7 +5,8 @@
 //!   lists the keys serde expects), and every key of `config/kubecast.toml`, set or commented
 //!   out;
 //! - `docs/operations.md` lists exactly the metrics a running kubecast serves (Kafka sink,
-//!   `[coordination]` on, against the test apiserver and Kafka), and a runbook per alert of the
+//!   `[coordination]` on, then with `shards = 2`, against the test apiserver and Kafka), and a
+//!   runbook per alert of the
 //!   chart's PrometheusRule;
 //! - every error message quoted in `docs/troubleshooting.md` occurs in `src/`;
 //! - every relative link of the README, `docs/`, the chart README and the other READMEs users
@@ -266,8 +267,17 @@ async fn operations_md_documents_exactly_the_metrics_kubecast_serves() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     assert!(kc.stop().success(), "{}", kc.log());
+    // With [coordination] shards, the shard families too (they have samples only then).
+    let sharded = common::lease_cm_config(&ns.name, &common::unique("lease"))
+        .replace("enabled = true\n", "enabled = true\nshards = 2\n");
+    let checkpoint = format!("store = \"kafka\"\n[checkpoint.kafka]\ntopic = \"{}\"\n", common::unique("docs-state"));
+    let mut kc = Kubecast::start_with_sink(&sharded, &sink, &checkpoint, &[]);
+    kc.wait_log("list complete", 2).await;
+    let (status, sharded_body) = kc.admin_get("/metrics").await;
+    assert_eq!(status, 200, "{sharded_body}");
+    assert!(kc.stop().success(), "{}", kc.log());
 
-    let served = served_metrics(&body);
+    let served: BTreeSet<String> = served_metrics(&body).into_iter().chain(served_metrics(&sharded_body)).collect();
     assert!(
         served.contains("kubecast_events_published_total") && served.contains("kubecast_publish_latency_seconds"),
         "the exposition was not read as expected: {served:?}\n{body}"

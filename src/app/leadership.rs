@@ -36,7 +36,7 @@ pub async fn wait_for_lease(
             Ok(Attempt::Held { epoch }) => {
                 info!(lease = %elector.lease(), identity = elector.identity(), epoch, "holding the lease: this process is the active one");
                 health.set_standby(None);
-                set_leader(true, epoch);
+                set_leader(elector, true, epoch);
                 return Ok(Some(epoch));
             }
             Ok(Attempt::Conflict) => {}
@@ -82,7 +82,7 @@ pub async fn keep_lease(
         tokio::select! {
             _ = stop.cancelled() => {
                 let _ = tokio::time::timeout(retry, elector.release()).await;
-                set_leader(false, 0);
+                set_leader(&elector, false, 0);
                 return Ok(());
             }
             _ = tokio::time::sleep(retry) => {}
@@ -96,7 +96,7 @@ pub async fn keep_lease(
             Ok(Ok(Attempt::Held { epoch: now })) if now == epoch => {
                 renewed = started;
                 tenure.renewed(started);
-                set_leader(true, epoch);
+                set_leader(&elector, true, epoch);
             }
             Ok(Ok(Attempt::Held { epoch: now })) => {
                 break Err(lost(&elector, format!("held by another process meanwhile (epoch {epoch} -> {now})")));
@@ -107,7 +107,7 @@ pub async fn keep_lease(
             Err(_) => warn!("lease renewal got no answer in time; retrying until the renew deadline"),
         }
     };
-    set_leader(false, 0);
+    set_leader(&elector, false, 0);
     lost_token.cancel();
     result
 }
@@ -176,8 +176,14 @@ fn lost(elector: &Elector, why: String) -> RunError {
     RunError::LeaseLost { lease: elector.lease(), why }
 }
 
-fn set_leader(leader: bool, epoch: i32) {
+/// `kubecast_leader` and `kubecast_lease_epoch`; a shard's Lease: `kubecast_shard_held`.
+fn set_leader(elector: &Elector, leader: bool, epoch: i32) {
     let m = crate::observe::metrics::get();
+    if let Some(shard) = elector.shard() {
+        let label = crate::observe::metrics::ShardLabel { shard: shard.label() };
+        m.shard_held.get_or_create(&label).set(i64::from(leader));
+        return;
+    }
     m.leader.set(i64::from(leader));
     if leader {
         m.lease_epoch.set(i64::from(epoch));

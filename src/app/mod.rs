@@ -5,12 +5,14 @@
 //!
 //! Invariant: only this folder (and `main.rs`) knows every stage; nothing in `src/` imports it.
 
+mod active;
 pub mod allocator;
 pub mod cli;
 mod error;
 mod leadership;
 mod preflight;
 pub mod run;
+mod shards;
 mod shutdown;
 pub mod state_cmd;
 mod store;

@@ -38,14 +38,16 @@ pub async fn cluster_uid(client: &kube::Client) -> Option<String> {
 }
 
 /// The `transactional.id` of the Kafka store: configured, else named after the Lease (one per
-/// deployment with `[coordination]`), else after the cluster and the set of streams.
+/// deployment with `[coordination]`), else after the cluster and the set of streams. A shard's
+/// (its streams' keys name it) adds `.shard-<i>-of-<N>`: the producer fencing holds per shard.
 pub fn transactional_id(config: &Config, keys: &[StreamKey]) -> String {
+    let shard = keys.first().and_then(|k| k.shard).map(|s| format!(".shard-{}", s.label())).unwrap_or_default();
     if let Some(id) = &config.checkpoint.kafka.transactional_id {
-        return id.clone();
+        return format!("{id}{shard}");
     }
     let c = &config.coordination;
     if c.enabled {
-        return format!("kubecast-state.{}.{}.{}", config.cluster.name, c.namespace(), c.lease_name);
+        return format!("kubecast-state.{}.{}.{}{shard}", config.cluster.name, c.namespace(), c.lease_name);
     }
     let mut ids: Vec<String> = keys.iter().map(StreamKey::id).collect();
     ids.sort();

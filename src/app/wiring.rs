@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::delivery::dead_letter::DeadLetter;
 use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
 use crate::delivery::retry::RetryPolicy;
-use crate::model::Position;
+use crate::model::{Position, Shard};
 use crate::observe::health::Health;
 use crate::observe::metrics::StreamMetrics;
 use crate::shaping::Shaper;
@@ -59,6 +59,24 @@ impl Pipeline {
     /// The streams of `config` (nothing loaded yet).
     pub fn new(config: Config) -> Self {
         let streams = plan(&config);
+        Self::with_streams(config, streams)
+    }
+
+    /// The streams of `config` for one shard of their objects (`[coordination] shards`):
+    /// their own positions (`<stream id>.shard-<i>-of-<N>`) and names (`... [shard i-of-N]`).
+    pub fn for_shard(config: Config, shard: Shard) -> Self {
+        let streams = plan(&config)
+            .into_iter()
+            .map(|s| StreamPlan {
+                key: s.key.with_shard(Some(shard)),
+                name: format!("{} [shard {}]", s.name, shard.label()),
+                ..s
+            })
+            .collect();
+        Self::with_streams(config, streams)
+    }
+
+    fn with_streams(config: Config, streams: Vec<StreamPlan>) -> Self {
         let metrics =
             streams.iter().map(|s| Arc::new(StreamMetrics::new(&s.key.group, &s.key.kind, &s.name))).collect();
         Self { config, streams, checkpoints: Vec::new(), starts: Vec::new(), metrics, store: None }
@@ -133,6 +151,7 @@ impl Pipeline {
                     missing_kind: rc.missing_kind,
                     streaming_lists: cluster.streaming_lists,
                     health: health.clone(),
+                    shard: s.key.shard,
                 };
                 Reflector::new(
                     spec,
@@ -240,6 +259,7 @@ pub fn plan(config: &Config) -> Vec<StreamPlan> {
                 namespace,
                 label_selector: rc.label_selector.clone(),
                 field_selector: rc.field_selector.clone(),
+                shard: None,
             };
             out.push(StreamPlan { key, name, resource_index });
         }

@@ -143,6 +143,16 @@ impl Config {
                 )),
             _ => {}
         }
+        if self.coordination.shards > 1 && c.store == StoreKind::File {
+            out.push(Problem::new(
+                "coordination.shards",
+                format!(
+                    "is {} but checkpoint.store is \"file\": the shards move between replicas, and a directory is one replica's",
+                    self.coordination.shards
+                ),
+                "set checkpoint.store = \"kafka\" or \"nats\" (the state where every replica reads it), or shards = 1",
+            ));
+        }
         if let Some(k) = self.sink.kafka.as_ref().filter(|k| k.exactly_once && self.sink.kind == SinkType::Kafka) {
             if c.store != StoreKind::Kafka {
                 out.push(Problem::new(

@@ -100,6 +100,7 @@ impl Harness {
             namespace: Some(NAMESPACE.into()),
             label_selector: "".into(),
             field_selector: "".into(),
+            shard: None,
         };
         assert!(store.load(&key).expect("a checkpoint").is_none(), "a new store");
         let checkpoint = Arc::new(StreamCheckpoint::new(key.clone(), None));

@@ -13,6 +13,7 @@ pub(crate) mod json_check;
 pub mod object;
 pub mod position;
 pub mod problem;
+pub mod shard;
 pub mod shared_index;
 pub mod verb;
 
@@ -23,5 +24,6 @@ pub use index::{EntryRef, Index, IndexEntry, ObjectIndex, Rv, UidSet};
 pub use object::RawObject;
 pub use position::{Effect, IndexOp, Position};
 pub use problem::Problem;
+pub use shard::Shard;
 pub use shared_index::SharedIndex;
 pub use verb::{Origin, Verb};

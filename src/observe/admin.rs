@@ -84,8 +84,13 @@ async fn live() -> &'static str {
 async fn ready(State(health): State<Arc<Health>>) -> (StatusCode, String) {
     let reasons = health.not_ready();
     if reasons.is_empty() {
+        let shards = health.shards();
         match health.standby() {
             Some(standby) => (StatusCode::OK, format!("ready ({standby})\n")),
+            None if !shards.is_empty() => {
+                let held: Vec<String> = shards.iter().map(|s| s.label()).collect();
+                (StatusCode::OK, format!("ready (shards held: {})\n", held.join(", ")))
+            }
             None => (StatusCode::OK, "ready\n".into()),
         }
     } else {

@@ -1,7 +1,10 @@
 //! Shared health state: written by the streams and the sink, read by `/readyz`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::model::Shard;
 
 /// Where a stream is, as readiness sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +29,8 @@ pub struct Health {
     stalls: Mutex<Vec<Option<String>>>,
     /// Why this process does not run its streams (`[coordination]`: another holds the lease).
     standby: Mutex<Option<String>>,
+    /// `[coordination] shards`: the shards this process runs, each with its streams' health.
+    shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
 }
 
 impl Health {
@@ -43,7 +48,23 @@ impl Health {
             shutting_down: AtomicBool::new(false),
             apiserver: Mutex::new(None),
             standby: Mutex::new(None),
+            shards: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// `[coordination] shards`: this process runs `shard`, whose streams report to `health`
+    /// (`None`: it no longer does).
+    pub fn set_shard(&self, shard: Shard, health: Option<Arc<Health>>) {
+        let mut shards = self.shards.lock().expect("health lock");
+        match health {
+            Some(h) => shards.insert(shard, h),
+            None => shards.remove(&shard),
+        };
+    }
+
+    /// The shards this process runs, in order.
+    pub fn shards(&self) -> Vec<Shard> {
+        self.shards.lock().expect("health lock").keys().copied().collect()
     }
 
     /// `Some(reason)`: a standby, not running its streams; `None`: the active process.
@@ -100,6 +121,9 @@ impl Health {
             }
         }
         out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
+        for (shard, health) in self.shards.lock().expect("health lock").iter() {
+            out.extend(health.not_ready().into_iter().map(|r| format!("shard {}: {r}", shard.label())));
+        }
         if let Some(reason) = self.apiserver.lock().expect("health lock").as_ref() {
             out.push(reason.clone());
         }
@@ -110,5 +134,35 @@ impl Health {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn health(streams: &[&str]) -> Arc<Health> {
+        Health::new(
+            streams.iter().map(|s| s.to_string()).collect(),
+            Arc::new(AtomicBool::new(true)),
+            Default::default(),
+        )
+    }
+
+    #[test]
+    fn a_held_shard_s_streams_count_for_readiness_with_the_shard_named() {
+        let process = health(&[]);
+        let shard = Shard::new(1, 4).unwrap();
+        let streams = health(&["v1 ConfigMap (cluster-wide) [shard 1-of-4]"]);
+        process.set_shard(shard, Some(streams.clone()));
+        assert_eq!(process.shards(), [shard]);
+        assert_eq!(
+            process.not_ready(),
+            ["shard 1-of-4: stream v1 ConfigMap (cluster-wide) [shard 1-of-4]: initial sync not done"]
+        );
+        streams.set_phase(0, StreamPhase::Synced);
+        assert!(process.not_ready().is_empty());
+        process.set_shard(shard, None);
+        assert!(process.shards().is_empty());
     }
 }

@@ -48,6 +48,12 @@ pub struct Stream {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabel {
+    /// e.g. `1-of-4`.
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Outcome {
     pub outcome: &'static str,
 }
@@ -90,6 +96,12 @@ pub struct Metrics {
     pub transaction_bytes: Gauge,
     /// Exactly-once into Kafka: times sends waited for a commit to free room.
     pub transaction_full: Counter,
+    /// `[coordination] shards`: 1 per shard this process holds.
+    pub shard_held: Family<ShardLabel, Gauge>,
+    /// Per stream of a shard: 1 when the apiserver applied its shard selector on the last list.
+    pub shard_server_side: Family<Stream, Gauge>,
+    /// Per stream of a shard: objects of other shards the apiserver sent, skipped by kubecast.
+    pub shard_skipped: Family<Stream, Counter>,
 }
 
 impl Metrics {
@@ -124,6 +136,9 @@ impl Metrics {
             transaction_events: Gauge::default(),
             transaction_bytes: Gauge::default(),
             transaction_full: Counter::default(),
+            shard_held: Family::default(),
+            shard_server_side: Family::default(),
+            shard_skipped: Family::default(),
         };
         let r = &mut registry;
         r.register("events_observed", "Changes read from the watches and lists", m.events_observed.clone());
@@ -215,6 +230,21 @@ impl Metrics {
             "kafka_transaction_full",
             "Times the uncommitted events reached [sink.kafka] max_uncommitted_events or max_uncommitted_bytes: sends waited for a commit to free room",
             m.transaction_full.clone(),
+        );
+        r.register(
+            "shard_held",
+            "1 for each [coordination] shard this process holds and runs (label shard: <index>-of-<count>), 0 once given up or lost",
+            m.shard_held.clone(),
+        );
+        r.register(
+            "shard_server_side",
+            "Per stream of a shard: 1 when the apiserver applied the shard selector to the stream's last list (metadata.shardInfo), 0 when it did not and kubecast filters by the same hash itself",
+            m.shard_server_side.clone(),
+        );
+        r.register(
+            "shard_skipped",
+            "Per stream of a shard: objects of other shards the apiserver sent (it did not apply the shard selector), skipped by kubecast",
+            m.shard_skipped.clone(),
         );
         m.build_info.get_or_create(&Build { version: env!("CARGO_PKG_VERSION") }).set(1);
         Metrics { registry, ..m }

@@ -9,4 +9,5 @@
 pub mod client;
 pub mod reflector;
 pub(crate) mod selector;
+pub mod sharding;
 pub mod watch;

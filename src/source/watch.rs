@@ -17,15 +17,20 @@ use kube::api::{Api, WatchEvent, WatchParams};
 use kube::core::Status;
 use tracing::debug;
 
-use crate::model::RawObject;
+use crate::model::{RawObject, Shard};
 
-/// Starts `GET <resource>?watch=true&resourceVersion=<rv>&...` and returns its events.
+/// Starts `GET <resource>?watch=true&resourceVersion=<rv>&...` (with a shard's
+/// `shardSelector`) and returns its events.
 pub async fn start(
     api: &Api<RawObject>,
     wp: &WatchParams,
     rv: &str,
+    shard: Option<&Shard>,
 ) -> Result<impl Stream<Item = Result<WatchEvent<RawObject>, kube::Error>> + use<>, kube::Error> {
     let mut request = kube::core::Request::new(api.resource_url()).watch(wp, rv).map_err(kube::Error::BuildRequest)?;
+    if let Some(s) = shard {
+        super::sharding::add_query(&mut request, super::sharding::SHARD_SELECTOR_PARAM, &s.selector())?;
+    }
     // As kube does: watch streams opt out of compression (the apiserver gzips each event as
     // its own member, which the client's decompression does not handle).
     request.headers_mut().insert(http::header::ACCEPT_ENCODING, http::HeaderValue::from_static("identity"));

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
 use crate::model::Problem;
+use crate::model::shard::{MAX_SHARDS, Shard};
 
 /// `[coordination]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -45,6 +46,11 @@ pub struct CoordinationConfig {
     pub renew_deadline_seconds: u32,
     #[serde(default = "d_retry")]
     pub retry_period_seconds: u32,
+    /// Shards of every stream (1: one active process runs them all). With N > 1, each shard
+    /// is a Lease (`<lease_name>-<i>-of-<N>`), its own stream positions and, with exactly-once,
+    /// its own `transactional.id`; the replicas spread the shards among themselves.
+    #[serde(default = "d_shards")]
+    pub shards: u32,
 }
 
 impl Default for CoordinationConfig {
@@ -57,6 +63,7 @@ impl Default for CoordinationConfig {
             lease_duration_seconds: d_duration(),
             renew_deadline_seconds: d_deadline(),
             retry_period_seconds: d_retry(),
+            shards: d_shards(),
         }
     }
 }
@@ -72,6 +79,9 @@ fn d_deadline() -> u32 {
 }
 fn d_retry() -> u32 {
     2
+}
+fn d_shards() -> u32 {
+    1
 }
 
 impl CoordinationConfig {
@@ -91,10 +101,32 @@ impl CoordinationConfig {
         if self.identity.as_deref().is_some_and(|i| i.trim().is_empty()) {
             out.push(Problem::new("coordination.identity", "must not be empty", "remove it for the pod name"));
         }
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            out.push(Problem::new(
+                "coordination.shards",
+                format!("is {}; it must be between 1 and {MAX_SHARDS}", self.shards),
+                "1 (one active replica) or the number of slices the replicas share, e.g. 4",
+            ));
+        } else if self.shards > 1 && !self.enabled {
+            out.push(Problem::new(
+                "coordination.shards",
+                format!(
+                    "is {} but coordination.enabled is false: the replicas spread the shards through Leases",
+                    self.shards
+                ),
+                "set coordination.enabled = true, or shards = 1",
+            ));
+        }
         if self.lease_name.is_empty() {
             out.push(Problem::new("coordination.lease_name", "must not be empty", "e.g. \"kubecast\""));
         }
         out
+    }
+
+    /// The shards this deployment runs; `None` with `shards = 1` (one Lease, as without
+    /// sharding).
+    pub fn sharded(&self) -> Option<Vec<Shard>> {
+        (self.enabled && self.shards > 1).then(|| Shard::all(self.shards).collect())
     }
 
     pub fn namespace(&self) -> String {
@@ -124,6 +156,12 @@ pub struct LeaseError {
     message: String,
 }
 
+impl LeaseError {
+    pub(crate) fn new(namespace: &str, name: &str, message: String) -> Self {
+        Self { namespace: namespace.to_string(), name: name.to_string(), message }
+    }
+}
+
 /// What one attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
@@ -148,6 +186,10 @@ pub struct Elector {
     duration: Duration,
     /// The record last seen and when it was first seen so.
     observed: Option<(Record, Instant)>,
+    /// Labels a Lease this process creates carries (a shard's: its group, see `members`).
+    labels: std::collections::BTreeMap<String, String>,
+    /// The shard whose Lease this is (`[coordination] shards` above 1).
+    shard: Option<Shard>,
 }
 
 impl Elector {
@@ -160,7 +202,40 @@ impl Elector {
             identity: cfg.identity(),
             duration: Duration::from_secs(cfg.lease_duration_seconds.into()),
             observed: None,
+            labels: Default::default(),
+            shard: None,
         }
+    }
+
+    /// The elector of a shard's Lease (`<lease_name>-<i>-of-<N>`), created with `labels`.
+    pub fn for_shard(
+        client: kube::Client,
+        cfg: &CoordinationConfig,
+        shard: Shard,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        Self { name: shard.lease_name(&cfg.lease_name), labels, shard: Some(shard), ..Self::new(client, cfg) }
+    }
+
+    /// The shard whose Lease this is.
+    pub fn shard(&self) -> Option<Shard> {
+        self.shard
+    }
+
+    /// Takes in the Lease as a list showed it (`None`: it does not exist): its live holder,
+    /// `None` when it has none or its holder did not renew it for the lease duration (seen
+    /// locally, as [`Self::try_acquire_or_renew`] judges it, which it prepares).
+    pub fn observe(&mut self, lease: Option<&Lease>) -> Option<String> {
+        let spec = lease.and_then(|l| l.spec.as_ref())?;
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+        let record = (Some(holder.clone()), spec.renew_time.clone());
+        let seen_since = match &self.observed {
+            Some((r, at)) if *r == record => *at,
+            _ => Instant::now(),
+        };
+        self.observed = Some((record, seen_since));
+        let recorded = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(0).max(0) as u64);
+        (holder == self.identity || seen_since.elapsed() < self.duration.max(recorded)).then_some(holder)
     }
 
     pub fn identity(&self) -> &str {
@@ -183,7 +258,11 @@ impl Elector {
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(e.to_string()))?;
         let Some(mut lease) = existing else {
             let lease = Lease {
-                metadata: ObjectMeta { name: Some(self.name.clone()), ..Default::default() },
+                metadata: ObjectMeta {
+                    name: Some(self.name.clone()),
+                    labels: (!self.labels.is_empty()).then(|| self.labels.clone()),
+                    ..Default::default()
+                },
                 spec: Some(LeaseSpec {
                     holder_identity: Some(self.identity.clone()),
                     lease_duration_seconds: Some(seconds),

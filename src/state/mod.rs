@@ -6,7 +6,9 @@
 //! Invariant: a stored position never passes an item that was not acknowledged, and only the
 //! store's owner writes it.
 
+pub mod assignment;
 pub mod lease;
+pub mod members;
 pub mod persister;
 pub mod store;
 pub mod watermark;

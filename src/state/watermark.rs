@@ -261,6 +261,7 @@ mod tests {
                 namespace: None,
                 label_selector: "".into(),
                 field_selector: "".into(),
+                shard: None,
             },
             None,
         );

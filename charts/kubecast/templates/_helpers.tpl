@@ -173,6 +173,14 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- .Values.config.raw }}
 {{- else }}
 {{- include "kubecast.checkSecrets" (list .Values.config.sink "config") }}
+{{- if gt (int (.Values.coordination.shards | default 1)) 1 }}
+{{- if not .Values.coordination.enabled }}
+{{- fail (printf "coordination.shards = %d needs coordination.enabled = true: the replicas share the shards through Leases" (int .Values.coordination.shards)) }}
+{{- end }}
+{{- if eq (include "kubecast.store" .) "file" }}
+{{- fail (printf "coordination.shards = %d needs the state in Kafka or NATS (config.checkpoint.store, or a Kafka or NATS JetStream sink): a shard moves between replicas, a volume is one replica's" (int .Values.coordination.shards)) }}
+{{- end }}
+{{- end }}
 {{- $cfg := dict }}
 {{- $_ := set $cfg "cluster" (deepCopy .Values.config.cluster) }}
 {{- $checkpoint := merge (dict "dir" (include "kubecast.checkpointDir" .)) (deepCopy .Values.config.checkpoint) }}
@@ -187,7 +195,11 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- end }}
 {{- $_ := set $cfg "admin" (dict "listen" $listen) }}
 {{- if .Values.coordination.enabled }}
-{{- $_ := set $cfg "coordination" (dict "enabled" true "lease_name" (include "kubecast.leaseName" .) "lease_namespace" .Release.Namespace) }}
+{{- $coordination := dict "enabled" true "lease_name" (include "kubecast.leaseName" .) "lease_namespace" .Release.Namespace }}
+{{- if gt (int (.Values.coordination.shards | default 1)) 1 }}
+{{- $_ := set $coordination "shards" (int .Values.coordination.shards) }}
+{{- end }}
+{{- $_ := set $cfg "coordination" $coordination }}
 {{- end }}
 {{- $res := list }}
 {{- range .Values.config.resources }}

@@ -132,6 +132,10 @@ pub enum StateError {
         "the cluster's identity (uid of namespace kube-system) cannot be read; it is needed to check the state's cluster (fix: grant get on namespaces/kube-system)"
     )]
     NoClusterUid,
+    #[error(
+        "reset and import write the state of the streams as one active process keeps it, and this config has [coordination] shards = {shards}, whose positions are kept per shard (fix: list, show and export work on it; to start the streams over, follow the change of shard count in docs/sharding.md)"
+    )]
+    Sharded { shards: u32 },
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),
 }
@@ -279,6 +283,9 @@ pub async fn run(config: Config, cmd: StateCommand) -> Result<(), StateError> {
             writeln!(out)?;
             eprintln!("exported {} stream(s) from {}", doc.streams.len(), doc.source);
             Ok(())
+        }
+        StateCommand::Reset { .. } | StateCommand::Import { .. } if config.coordination.sharded().is_some() => {
+            Err(StateError::Sharded { shards: config.coordination.shards })
         }
         StateCommand::Reset { stream, to, force } => reset(&config, &stream, to, force).await,
         StateCommand::Import { file, force, all } => import(&config, &file, force, all).await,

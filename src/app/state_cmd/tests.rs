@@ -9,6 +9,7 @@ fn doc() -> Export {
         namespace: Some("shop".into()),
         label_selector: "app=x".into(),
         field_selector: String::new(),
+        shard: None,
     };
     Export {
         format: EXPORT_FORMAT,

@@ -69,6 +69,9 @@ impl Reflector {
             warn!(stream = %self.spec.name, "listed object without uid/name/resourceVersion skipped");
             return Ok(());
         };
+        if self.foreign(&uid) {
+            return Ok(());
+        }
         list.seen.insert(&uid);
         if list.reported.elapsed() >= PROGRESS_EVERY {
             list.reported = Instant::now();
@@ -159,7 +162,7 @@ impl Reflector {
                 lp = lp.continue_token(t);
             }
             self.spec.limiter.until_ready().await;
-            let page = match api.list(&lp).await {
+            let page = match crate::source::sharding::list_page(&api, &lp, self.spec.shard.as_ref()).await {
                 Ok(p) => p,
                 Err(e) if token.is_some() && is_gone(&e) => {
                     warn!(
@@ -177,7 +180,10 @@ impl Reflector {
                 Err(e) => return Err(e),
             };
             pages += 1;
-            for obj in page.items {
+            if let Some(shard) = self.spec.shard {
+                self.note_server_side(page.filtered_for(&shard));
+            }
+            for obj in page.items.unwrap_or_default() {
                 if self.diff_item(list, obj).await.is_err() {
                     return Ok(Err(Closed));
                 }
@@ -203,7 +209,8 @@ impl Reflector {
         wp.send_initial_events = true;
         self.spec.limiter.until_ready().await;
         // Boxed: the connection outlives this step when it is handed over to `Watching`.
-        let mut stream = match crate::source::watch::start(&self.target().api, &wp, "").await {
+        let mut stream = match crate::source::watch::start(&self.target().api, &wp, "", self.spec.shard.as_ref()).await
+        {
             Ok(s) => s.boxed(),
             Err(kube::Error::Api(s)) if rejects_streaming(&s) => {
                 return Ok(Ok(self.streaming_unavailable(&s, list.origin)));

@@ -68,6 +68,7 @@
 
 mod diff;
 mod list;
+mod shard;
 mod spec;
 mod state;
 mod view;

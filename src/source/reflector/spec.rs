@@ -7,7 +7,7 @@ use kube::Client;
 use kube::api::GroupVersionKind;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Change, Effect, SharedIndex};
+use crate::model::{Change, Effect, Shard, SharedIndex};
 use crate::observe::health::Health;
 use crate::source::client::ApiLimiter;
 
@@ -57,6 +57,8 @@ pub struct StreamSpec {
     pub streaming_lists: bool,
     /// Where the stream reports its phase for readiness.
     pub health: Arc<Health>,
+    /// The shard of the stream's objects it runs (`[coordination] shards`); `None`: all.
+    pub shard: Option<Shard>,
 }
 
 /// Where a stream starts: its loaded position, the index held by its watermark.

@@ -12,6 +12,7 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::stream::BoxStream;
 use kube::api::{Api, WatchEvent, WatchParams};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
 use super::spec::{Item, ReflectorError, Start, StreamSpec};
@@ -88,6 +89,8 @@ pub struct Reflector {
     /// Changes after the resume point already delivered before a restart (out of order): the
     /// resumed watch acknowledges them without sending them again.
     pub(super) acked_ahead: HashSet<(String, String)>,
+    /// A shard's stream: what the apiserver does with its selector (`shard.rs`).
+    pub(super) shard_watch: Option<ShardWatch>,
 }
 
 /// The stream's counters (`src/metrics.rs`), resolved once.
@@ -98,6 +101,26 @@ pub(super) struct ReflectorMetrics {
     pub(super) resync_events: Counter,
     pub(super) watch_restarts: Counter,
     pub(super) watched_once: bool,
+}
+
+/// A shard stream's gauges and counters, and what the apiserver was last seen to do.
+pub(super) struct ShardWatch {
+    pub(super) server_side: Gauge,
+    pub(super) skipped: Counter,
+    /// Whether the apiserver applied the selector to the last list page; `None` until one.
+    pub(super) applied: Option<bool>,
+}
+
+impl ShardWatch {
+    pub(super) fn new(stream: &str) -> Self {
+        let m = crate::observe::metrics::get();
+        let label = crate::observe::metrics::Stream { stream: stream.to_string() };
+        Self {
+            server_side: m.shard_server_side.get_or_create(&label).clone(),
+            skipped: m.shard_skipped.get_or_create(&label).clone(),
+            applied: None,
+        }
+    }
 }
 
 /// The receiver is gone: the pipeline is shutting down.
@@ -111,6 +134,7 @@ impl Reflector {
         let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
         let acked_ahead = start.acked_ahead.into_iter().collect();
+        let shard_watch = spec.shard.map(|_| ShardWatch::new(&spec.name));
         Self {
             spec,
             target: None,
@@ -125,6 +149,7 @@ impl Reflector {
             backoff: new_backoff(),
             tx,
             acked_ahead,
+            shard_watch,
             metrics: {
                 let m = crate::observe::metrics::get();
                 let name = &spec_name;

@@ -30,7 +30,7 @@ impl Reflector {
         let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
-        let stream = match crate::source::watch::start(&self.target().api, &wp, &rv).await {
+        let stream = match crate::source::watch::start(&self.target().api, &wp, &rv, self.spec.shard.as_ref()).await {
             Ok(s) => s,
             Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -128,6 +128,12 @@ impl Reflector {
                 warn!(stream = %self.spec.name, "watch event for an object without uid/name/resourceVersion skipped");
                 continue;
             };
+            if self.foreign(&uid) {
+                // Another shard's object (the apiserver did not filter): the watch moves on
+                // past it, nothing is emitted.
+                rv = entry.resource_version.clone();
+                continue;
+            }
             let watched = diff::watched(&mut self.acked_ahead, verb, uid, entry);
             rv = watched.rv;
             // A change delivered before the restart is not sent again; it still goes to shaping

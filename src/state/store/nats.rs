@@ -27,7 +27,7 @@ use tokio::sync::Mutex;
 use tracing::info;
 
 use super::error::CheckpointError;
-use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
+use super::record::{Loader, PositionRecord, check_layout, encode_object, layout_of, object_key, position_key};
 use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
 
@@ -162,6 +162,7 @@ impl NatsStore {
     /// Reads each stream's records, then claims it (its position record rewritten under this
     /// process's epoch, on condition that nobody wrote it since).
     pub async fn load(&self, keys: &[StreamKey]) -> Result<Vec<Option<Position>>, CheckpointError> {
+        self.check_layout(keys).await?;
         let mut out = Vec::new();
         for key in keys {
             let mut attempt = 0;
@@ -196,6 +197,48 @@ impl NatsStore {
             }
         }
         Ok(out)
+    }
+
+    /// Refuses state of these streams written with another `[coordination] shards`
+    /// ([`check_layout`]): the position records of the whole stream and of every shard of it
+    /// are read (their keys only; not the index records).
+    async fn check_layout(&self, keys: &[StreamKey]) -> Result<(), CheckpointError> {
+        let what = format!("NATS key-value bucket {}", self.bucket);
+        let bases = layout_of(keys);
+        let stream = self.js.get_stream(format!("KV_{}", self.bucket)).await.map_err(|e| broker(&what, e))?;
+        for base in bases.keys() {
+            let consumer = stream
+                .create_consumer(consumer::pull::Config {
+                    filter_subjects: vec![self.subject(&position_key(base)), self.subject(&format!("{base}.*.p"))],
+                    deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                    ack_policy: consumer::AckPolicy::None,
+                    inactive_threshold: Duration::from_secs(60),
+                    ..Default::default()
+                })
+                .await
+                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+            let pending = consumer.cached_info().num_pending;
+            if pending == 0 {
+                continue;
+            }
+            let mut messages = consumer
+                .stream()
+                .max_messages_per_batch(BATCH)
+                .messages()
+                .await
+                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+            let prefix = format!("$KV.{}.", self.bucket);
+            for _ in 0..pending {
+                let m = tokio::time::timeout(TIMEOUT, messages.next())
+                    .await
+                    .map_err(|_| broker(&what, "reading it: no record within 10 s"))?
+                    .ok_or_else(|| broker(&what, "reading it: the consumer ended"))?
+                    .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+                let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str());
+                check_layout(&format!("NATS bucket {}", self.bucket), k, &bases)?;
+            }
+        }
+        Ok(())
     }
 
     async fn load_one(&self, key: &StreamKey) -> Result<(Option<Position>, Option<Last>), CheckpointError> {

@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::error::CheckpointError;
-use super::stream::{Owner, StreamKey};
-use crate::model::{EntryRef, ObjectIndex, Position, Rv};
+use super::stream::{Owner, SHARD_INFIX, StreamKey};
+use crate::model::{EntryRef, ObjectIndex, Position, Rv, Shard};
 
 /// Format of the position record this build writes and reads.
 pub const RECORD_FORMAT: u32 = 1;
@@ -91,6 +91,8 @@ pub struct Loader<'a> {
     /// stream id -> its slot in `keys`.
     ids: HashMap<String, usize>,
     keys: &'a [StreamKey],
+    /// stream id without its shard -> the shard this process loads (see [`check_layout`]).
+    bases: HashMap<String, Option<Shard>>,
     positions: Vec<Option<PositionRecord>>,
     indexes: Vec<ObjectIndex>,
 }
@@ -101,6 +103,7 @@ impl<'a> Loader<'a> {
             place: place.into(),
             owner,
             ids: keys.iter().enumerate().map(|(i, k)| (k.id(), i)).collect(),
+            bases: layout_of(keys),
             keys,
             positions: vec![None; keys.len()],
             indexes: vec![ObjectIndex::default(); keys.len()],
@@ -113,6 +116,9 @@ impl<'a> Loader<'a> {
 
     /// One record; `value` `None` for a deletion. Keys of other streams are skipped.
     pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), CheckpointError> {
+        if check_layout(&self.place, key, &self.bases)? == Layout::OtherShard {
+            return Ok(());
+        }
         let Some((slot, rest)) = split_key(key, &self.ids) else { return Ok(()) };
         match (rest, value) {
             (Rest::Position, None) => {
@@ -284,6 +290,51 @@ pub fn check_epoch(place: &str, what: &str, stored: &PositionRecord, owner: &Own
     }
 }
 
+/// The stream ids (without shard) of `keys` -> the shard each is loaded for.
+pub fn layout_of(keys: &[StreamKey]) -> HashMap<String, Option<Shard>> {
+    keys.iter().map(|k| (k.base_id(), k.shard)).collect()
+}
+
+/// What [`check_layout`] found a key to be.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// A record of another shard of the same count (another process's), or of another stream.
+    OtherShard,
+    /// Possibly one of the streams loaded: read on.
+    Ours,
+}
+
+/// Refuses state that a different `[coordination] shards` wrote for a stream loaded
+/// (`bases`: see [`layout_of`]): the position record of the whole stream while shards are
+/// loaded, or of a shard of another count. Records of the other shards of the same count are
+/// [`Layout::OtherShard`].
+pub fn check_layout(place: &str, key: &str, bases: &HashMap<String, Option<Shard>>) -> Result<Layout, CheckpointError> {
+    let stored = |shard: Option<Shard>| shard.map_or(1, |s| s.count());
+    if let Some(at) = key.find(SHARD_INFIX) {
+        let (base, rest) = (&key[..at], &key[at + SHARD_INFIX.len()..]);
+        let label = rest.split('.').next().unwrap_or_default();
+        if let (Some(ours), Some(theirs)) = (bases.get(base), Shard::parse_label(label)) {
+            if ours.is_none_or(|o| o.count() != theirs.count()) {
+                return Err(layout_error(place, key, theirs.count(), stored(*ours)));
+            }
+            if *ours != Some(theirs) {
+                return Ok(Layout::OtherShard);
+            }
+        }
+        return Ok(Layout::Ours);
+    }
+    if let Some(base) = key.strip_suffix(".p")
+        && let Some(Some(ours)) = bases.get(base)
+    {
+        return Err(layout_error(place, key, 1, ours.count()));
+    }
+    Ok(Layout::Ours)
+}
+
+fn layout_error(place: &str, key: &str, stored: u32, ours: u32) -> CheckpointError {
+    CheckpointError::ShardLayout { what: format!("{place} record {key:?}"), stored, ours }
+}
+
 enum Rest<'k> {
     Position,
     Object(&'k str),
@@ -324,6 +375,7 @@ mod tests {
             namespace: Some("shop".into()),
             label_selector: "".into(),
             field_selector: "".into(),
+            shard: None,
         }
     }
 
@@ -344,6 +396,35 @@ mod tests {
             );
         }
         assert!(split_key(&object_key(&key("StatefulSet").id(), uid), &ids).is_none(), "not ours");
+    }
+
+    #[test]
+    fn state_of_another_shard_count_is_refused_and_other_shards_are_skipped() {
+        let whole = key("Deployment");
+        let shard = |i, n| whole.with_shard(Shard::new(i, n));
+        assert_eq!(shard(1, 4).id(), format!("{}.shard-1-of-4", whole.id()));
+        assert_eq!(shard(1, 4).base_id(), whole.id(), "the stream's id does not change without shards");
+        let mine = owner(1, None);
+        let ours = [shard(1, 4)];
+        let record = |k: &StreamKey| PositionRecord::new(k, &mine, Some("10"), &[]).encode();
+        let mut l = Loader::new("test", &ours, &mine);
+        // The other shards of the same count: another process's, skipped unread.
+        l.apply(&position_key(&shard(0, 4).id()), Some(b"not read")).unwrap();
+        l.apply(&object_key(&shard(3, 4).id(), "u"), Some(b"not read")).unwrap();
+        l.apply(&position_key(&shard(1, 4).id()), Some(&record(&shard(1, 4)))).unwrap();
+        // Another count, or the whole stream's state: refused, naming both counts.
+        for (other, stored) in [(shard(0, 2), 2), (whole.clone(), 1)] {
+            let e = l.apply(&position_key(&other.id()), Some(&record(&other))).unwrap_err();
+            assert!(matches!(e, CheckpointError::ShardLayout { stored: s, ours: 4, .. } if s == stored), "{e}");
+        }
+        assert!(l.finish().unwrap()[0].is_some());
+        // Without shards, a shard's state is refused too; another stream's shards are not ours.
+        let plain = [whole.clone()];
+        let mut l = Loader::new("test", &plain, &mine);
+        l.apply(&position_key(&key("StatefulSet").with_shard(Shard::new(0, 2)).id()), Some(b"x")).unwrap();
+        let e = l.apply(&object_key(&shard(0, 2).id(), "u"), Some(b"[]")).unwrap_err();
+        assert!(matches!(e, CheckpointError::ShardLayout { stored: 2, ours: 1, .. }), "{e}");
+        assert!(e.to_string().contains("shards = 2") && e.to_string().contains("shards = 1"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,10 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::model::ObjectIndex;
+use crate::model::{ObjectIndex, Shard};
+
+/// Between a stream's id and its shard's label in a shard's id.
+pub const SHARD_INFIX: &str = ".shard-";
 
 /// The identity of a stream: exactly the query it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -17,19 +20,38 @@ pub struct StreamKey {
     pub namespace: Option<String>,
     pub label_selector: String,
     pub field_selector: String,
+    /// The slice of the stream's objects (`[coordination] shards` above 1); `None`: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<Shard>,
 }
 
 impl StreamKey {
     /// `configmap.core.v1.ns-shop.3f2a9c1b7d4e5f60`-style id: readable prefix, hash of the
-    /// whole query (cluster name and selectors included).
+    /// whole query (cluster name and selectors included); a shard's adds
+    /// `.shard-<index>-of-<count>` to its stream's id.
     pub fn id(&self) -> String {
-        let hex = short_hash(&serde_json::to_vec(self).expect("StreamKey serialises"));
+        let base = self.base_id();
+        match &self.shard {
+            Some(s) => format!("{base}{SHARD_INFIX}{}", s.label()),
+            None => base,
+        }
+    }
+
+    /// The id of the whole stream, without its shard: the same for every shard count.
+    pub fn base_id(&self) -> String {
+        let whole = StreamKey { shard: None, ..self.clone() };
+        let hex = short_hash(&serde_json::to_vec(&whole).expect("StreamKey serialises"));
         let group = if self.group.is_empty() { "core" } else { &self.group };
         let scope = match &self.namespace {
             Some(ns) => format!("ns-{ns}"),
             None => "all".to_string(),
         };
         format!("{}.{group}.{}.{scope}.{hex}", self.kind.to_lowercase(), self.version)
+    }
+
+    /// This stream's key for `shard`.
+    pub fn with_shard(&self, shard: Option<Shard>) -> StreamKey {
+        StreamKey { shard, ..self.clone() }
     }
 
     /// The file store's snapshot file name.

@@ -9,6 +9,7 @@ fn key(ns: Option<&str>, labels: &str) -> StreamKey {
         namespace: ns.map(Into::into),
         label_selector: labels.into(),
         field_selector: "".into(),
+        shard: None,
     }
 }
 

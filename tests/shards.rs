@@ -1,0 +1,351 @@
+//! `[coordination] shards`: replicas spread the shards of every stream among themselves, each
+//! shard one Lease, one set of positions and its own lists and watches (the apiserver's
+//! `shardSelector`, or kubecast's own filter by the same hash where the apiserver does not
+//! apply it). Against the real apiserver and Kafka of `tests/env`.
+
+use kubecast_kit as common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::traffic::{Delivery, Source, Traffic};
+use common::{Kubecast, TestNamespace, client, create_cm};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A config of `shards` shards over the ConfigMaps of `ns` (short lease timings: 4 s lease,
+/// 2 s renew deadline, 1 s retry), the state in the Kafka topic `state`.
+fn sharded(ns: &str, lease: &str, shards: u32, state: &str) -> (String, String) {
+    let config =
+        common::lease_cm_config(ns, lease).replace("enabled = true\n", &format!("enabled = true\nshards = {shards}\n"));
+    let checkpoint = format!(
+        "store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\nbrokers = \"{}\"\ntopic = \"{state}\"\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    (config, checkpoint)
+}
+
+fn kafka_sink(topic: &str, exactly_once: bool) -> String {
+    format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nmode = \"structured\"\nexactly_once = {exactly_once}\n",
+        common::env_var("KAFKA_BROKERS")
+    )
+}
+
+/// The shards a running replica says it holds (`kubecast_shard_held`).
+async fn held(kc: &mut Kubecast) -> BTreeSet<String> {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kubecast_shard_held{") && l.ends_with(" 1"))
+        .filter_map(|l| Some(l.split('"').nth(1)?.to_string()))
+        .collect()
+}
+
+/// Waits until the running replicas `kcs` hold every one of `count` shards between them, each
+/// once, in the spread `want` (sorted counts); the shards of each.
+async fn wait_spread(kcs: &mut [&mut Kubecast], count: usize, want: &[usize], what: &str) -> Vec<BTreeSet<String>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut per = Vec::new();
+        for kc in kcs.iter_mut() {
+            per.push(held(kc).await);
+        }
+        let mut sizes: Vec<usize> = per.iter().map(BTreeSet::len).collect();
+        sizes.sort();
+        let all: BTreeSet<&String> = per.iter().flatten().collect();
+        if sizes == want && all.len() == count {
+            return per;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = kcs.iter().map(|k| k.log()).collect();
+            panic!("{what}: the shards never spread {want:?} (last {per:?})\n{}", logs.join("\n-----\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// This replica's identity, as its log says it.
+fn identity(kc: &Kubecast) -> String {
+    let log = kc.log();
+    let line = log.lines().find(|l| l.contains("sharded: taking a share")).expect("the start line");
+    line.split("identity=").nth(1).unwrap().split_whitespace().next().unwrap().trim_matches('"').to_string()
+}
+
+/// Every position record of the state topic (one partition), in the order written: (key,
+/// writer, epoch). Committed records only, up to the end the topic had when called.
+fn positions(topic: &str) -> Vec<(String, String, i64)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+        .set("group.id", common::unique("shards-state-reader"))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let (_, end) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)).unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    // The position passes transaction markers too, which are never delivered as records.
+    let at = |c: &BaseConsumer| c.position().ok().and_then(|p| p.elements().first().map(|e| e.offset()));
+    while !matches!(at(&consumer), Some(Offset::Offset(o)) if o >= end) && end > 0 {
+        assert!(Instant::now() < deadline, "the state topic {topic} not read to offset {end} within 30 s");
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else { continue };
+        let (Some(key), Some(value)) = (m.key(), m.payload()) else { continue };
+        let key = String::from_utf8_lossy(key).to_string();
+        if key.ends_with(".p") {
+            let v: Value = serde_json::from_slice(value).unwrap();
+            out.push((key, v["writer"].as_str().unwrap().to_string(), v["epoch"].as_i64().unwrap()));
+        }
+    }
+    out
+}
+
+/// 3 replicas, 4 shards, ~50 changes/s over 200 ConfigMaps into Kafka: the shards spread
+/// 2/1/1; one replica SIGKILLed and another paused past its lease (SIGSTOP) lose their shards
+/// to the others within about a lease duration; the paused one, woken up, never writes state
+/// again and gets shards back by a clean handover. Every change arrives, per object in
+/// apiserver order (after dropping duplicates by id), and the final view is the apiserver's.
+#[tokio::test(flavor = "multi_thread")]
+async fn three_replicas_share_four_shards_through_a_kill_and_a_pause() {
+    kill_and_pause(Delivery::AtLeastOnce).await;
+}
+
+/// The same with `exactly_once`: each shard's events and positions commit in its own Kafka
+/// transaction (`transactional.id` per shard), and a `read_committed` consumer sees every
+/// change once, none of what the paused replica sent after losing its shards.
+#[tokio::test(flavor = "multi_thread")]
+async fn exactly_once_holds_per_shard_through_a_kill_and_a_pause() {
+    kill_and_pause(Delivery::ExactlyOnce).await;
+}
+
+async fn kill_and_pause(delivery: Delivery) {
+    let exactly_once = delivery == Delivery::ExactlyOnce;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let (topic, state) = (common::unique("shards-events"), common::unique("shards-state"));
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &state);
+    let sink = kafka_sink(&topic, exactly_once);
+    let mut a = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    let mut b = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    let mut c = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    wait_spread(&mut [&mut a, &mut b, &mut c], 4, &[1, 1, 2], "3 replicas").await;
+    // Every shard listed (an empty namespace) before the load: no change precedes a list.
+    let deadline = Instant::now() + WAIT;
+    while [&a, &b, &c].iter().map(|k| k.log().matches("list complete").count()).sum::<usize>() < 4 {
+        assert!(Instant::now() < deadline, "not every shard listed:\n{}\n{}\n{}", a.log(), b.log(), c.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for kc in [&mut a, &mut b, &mut c] {
+        let body = kc.wait_ready(200).await;
+        assert!(body.contains("shards held: "), "{body}");
+    }
+    let source =
+        Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: exactly_once };
+    let traffic = Traffic::start(&api, source, 200, 50);
+    assert!(traffic.flowing(200, WAIT).await, "events flow");
+
+    // SIGKILL one: its shards move to the two others within about a lease duration.
+    let killed = Instant::now();
+    a.kill9();
+    wait_spread(&mut [&mut b, &mut c], 4, &[2, 2], "after a SIGKILL").await;
+    assert!(killed.elapsed() < Duration::from_secs(4 + 2 + 6), "shards moved after {:?}", killed.elapsed());
+    assert!(traffic.flowing(100, WAIT).await, "events flow after the kill");
+
+    // SIGSTOP another past its lease: the last one takes every shard.
+    let zombie = identity(&b);
+    b.signal("STOP");
+    wait_spread(&mut [&mut c], 4, &[4], "after a SIGSTOP").await;
+    // Until the new holder wrote every shard's position: what the paused one wrote before is
+    // behind that.
+    let survivor = identity(&c);
+    let deadline = Instant::now() + WAIT;
+    let taken_over = loop {
+        let records = positions(&state);
+        let mut last: BTreeMap<&str, &str> = BTreeMap::new();
+        for (key, writer, _) in &records {
+            last.insert(key, writer);
+        }
+        if last.len() == 4 && last.values().all(|w| *w == survivor) {
+            break records.len();
+        }
+        assert!(Instant::now() < deadline, "the survivor never wrote every shard's position: {last:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    assert!(traffic.flowing(100, WAIT).await, "events flow after the pause");
+
+    // Woken up, the paused one finds its Leases lost: it stops those shards without writing,
+    // stays in the group, and gets two shards back by a clean handover from the busiest.
+    b.signal("CONT");
+    b.wait_log("shard lost", 2).await;
+    wait_spread(&mut [&mut b, &mut c], 4, &[2, 2], "after the wake-up").await;
+    assert!(c.log().contains("giving this shard up"), "a clean handover:\n{}", c.log());
+    assert!(traffic.flowing(100, WAIT).await, "events flow after the handover");
+
+    let verdict = traffic.finish(delivery, WAIT).await;
+    assert!(verdict.written.count() > 500, "a steady load: {} changes", verdict.written.count());
+
+    // The paused replica wrote no position between losing its Leases and getting shards back
+    // by a handover: every record it wrote after the takeover is of a later epoch it held anew.
+    let records = positions(&state);
+    let mut epoch_of: BTreeMap<&str, i64> = BTreeMap::new();
+    for (key, writer, epoch) in &records[..taken_over] {
+        if writer != &zombie {
+            epoch_of.insert(key, *epoch);
+        }
+    }
+    for (key, writer, epoch) in &records[taken_over..] {
+        if writer == &zombie {
+            let taken = epoch_of.get(key.as_str()).copied().unwrap_or(-1);
+            assert!(
+                *epoch > taken,
+                "{key}: the paused replica wrote under epoch {epoch} after epoch {taken} took over"
+            );
+        }
+    }
+    for kc in [&mut b, &mut c] {
+        assert!(kc.stop().success(), "{}", kc.log());
+    }
+}
+
+/// One replica running 4 shards and an unsharded kubecast on the same ConfigMaps emit the
+/// same events (ids, in the same order per object), whether the apiserver applies the shard
+/// selector or kubecast filters by the same hash itself; `kubecast_shard_skipped_total` says
+/// which happened. Where the apiserver applies the selector, this also checks kubecast's hash
+/// against the apiserver's: an object the apiserver sent to a shard that kubecast's hash puts
+/// elsewhere would be skipped (counted), and one it put elsewhere would be missing.
+async fn same_events_as_unsharded(expect_server_side: bool) {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-same").await;
+    let state = common::unique("shards-state");
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &state);
+    let mut sharded = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+    let mut whole = Kubecast::start(&common::cm_config(&ns.name, ""));
+    sharded.wait_log("list complete", 4).await;
+    whole.wait_log("list complete", 1).await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    for i in 0..40 {
+        create_cm(&client, &ns.name, &format!("cm-{i}"), json!({}), json!({"v": "1"})).await;
+    }
+    for i in (0..40).step_by(3) {
+        api.patch(&format!("cm-{i}"), &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}})))
+            .await
+            .unwrap();
+    }
+    for i in (0..40).step_by(7) {
+        api.delete(&format!("cm-{i}"), &DeleteParams::default()).await.unwrap();
+    }
+    let want = 40 + 14 + 6;
+    let ids = |evs: &[Value]| -> Vec<String> { evs.iter().map(|e| e["id"].as_str().unwrap().to_string()).collect() };
+    whole.wait_for("every change, unsharded", WAIT, |e| e.len() >= want).await;
+    sharded.wait_for("every change, sharded", WAIT, |e| e.len() >= want).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (w, s) = (whole.events(), sharded.events());
+    let set = |v: Vec<String>| v.into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(set(ids(&s)), set(ids(&w)), "the same events");
+    assert_eq!(s.len(), w.len(), "no event twice");
+    // Per object, the same order.
+    let per_object = |evs: &[Value]| {
+        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for e in evs {
+            m.entry(e["subject"].as_str().unwrap().to_string())
+                .or_default()
+                .push(e["id"].as_str().unwrap().to_string());
+        }
+        m
+    };
+    assert_eq!(per_object(&s), per_object(&w), "the same order per object");
+    let (_, metrics) = sharded.admin_get("/metrics").await;
+    let skipped: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kubecast_shard_skipped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    if expect_server_side {
+        assert_eq!(skipped, 0.0, "the apiserver applied the selector: no other shard's object arrived\n{metrics}");
+    } else {
+        assert!(skipped >= 30.0, "the apiserver ignored the selector: kubecast skipped the others' objects\n{metrics}");
+    }
+    assert!(sharded.stop().success(), "{}", sharded.log());
+    assert!(whole.stop().success(), "{}", whole.log());
+}
+
+/// The shared test apiserver runs without the `ShardedListAndWatch` gate: kubecast filters.
+#[tokio::test(flavor = "multi_thread")]
+async fn client_side_filtering_gives_the_unsharded_events() {
+    same_events_as_unsharded(false).await;
+}
+
+/// Needs an apiserver with `--feature-gates=ShardedListAndWatch=true` (alpha in 1.36): run with
+/// `KUBECAST_ENV_FILE` pointing at such an environment and `--ignored`.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs an apiserver with --feature-gates=ShardedListAndWatch=true (not the shared environment's default)"]
+async fn server_side_filtering_gives_the_unsharded_events() {
+    same_events_as_unsharded(true).await;
+}
+
+/// The stored positions of one shard count do not resume under another: a replica started with
+/// another count, or without shards, on the same state stops with an error naming both counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_shard_count_than_the_stored_state_s_is_refused_at_start() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-count").await;
+    let state = common::unique("shards-state");
+    let lease = common::unique("lease");
+    let (two, checkpoint) = sharded(&ns.name, &lease, 2, &state);
+    let mut kc = Kubecast::start_with_checkpoint(&two, &checkpoint, &[]);
+    kc.wait_log("list complete", 2).await;
+    create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;
+    let x = format!("{}/x", ns.name);
+    kc.wait_for("x", WAIT, |e| !common::about(e, &x).is_empty()).await;
+    let deadline = Instant::now() + WAIT;
+    while positions(&state).iter().map(|(k, _, _)| k).collect::<BTreeSet<_>>().len() < 2 {
+        assert!(Instant::now() < deadline, "both shards' positions written:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(kc.stop().success(), "{}", kc.log());
+
+    let (four, _) = sharded(&ns.name, &lease, 4, &state);
+    let unsharded = common::lease_cm_config(&ns.name, &common::unique("lease"));
+    for (config, ours) in [(four, 4), (unsharded, 1)] {
+        let mut kc = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+        let status = kc.wait_exit(WAIT).await;
+        assert!(!status.success(), "started on the state of 2 shards with {ours}:\n{}", kc.log());
+        let want = format!("was written with [coordination] shards = 2, and this process runs shards = {ours}");
+        assert!(kc.log().contains(&want), "{want}:\n{}", kc.log());
+        assert!(kc.events().is_empty(), "nothing published:\n{}", common::pretty(&kc.events()));
+    }
+}
+
+/// `kubecast state reset` and `import` keep unsharded state: with shards they refuse, naming
+/// the procedure (no server needed: refused before connecting).
+#[test]
+fn state_reset_and_import_refuse_sharded_configs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubecast.toml");
+    let (config, checkpoint) = (
+        "[coordination]\nenabled = true\nshards = 4\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n",
+        "[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"127.0.0.1:1\"\n",
+    );
+    std::fs::write(&path, format!("{config}{checkpoint}")).unwrap();
+    for args in [&["reset", "x", "--to", "now"][..], &["import", "/nonexistent.json"][..]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_kubecast"))
+            .args(["state", "--config"])
+            .arg(&path)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("[coordination] shards = 4") && err.contains("docs/sharding.md"), "{args:?}: {err}");
+    }
+}
