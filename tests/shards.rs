@@ -1,7 +1,8 @@
 //! `[coordination] shards`: replicas spread the shards of every stream among themselves, each
 //! shard one Lease, one set of positions and its own lists and watches (the apiserver's
 //! `shardSelector`, or kubecast's own filter by the same hash where the apiserver does not
-//! apply it). Against the real apiserver and Kafka of `tests/env`.
+//! apply it). Against the real apiserver and Kafka of `tests/env`; server-side filtering against
+//! the apiserver of `tests/env/sharded` (its `ShardedListAndWatch` gate on).
 
 use kubecast_kit as common;
 
@@ -224,12 +225,18 @@ async fn kill_and_pause(delivery: Delivery) {
 /// against the apiserver's: an object the apiserver sent to a shard that kubecast's hash puts
 /// elsewhere would be skipped (counted), and one it put elsewhere would be missing.
 async fn same_events_as_unsharded(expect_server_side: bool) {
-    let client = client().await;
+    // The gate on: the apiserver of `tests/env/sharded`; off: the shared one.
+    let kubeconfig = expect_server_side.then(common::sharded_kubeconfig);
+    let client = match &kubeconfig {
+        Some(k) => common::client_for(k).await,
+        None => client().await,
+    };
+    let env: Vec<(&str, &str)> = kubeconfig.iter().map(|k| ("KUBECONFIG", k.as_str())).collect();
     let ns = TestNamespace::new(&client, "shards-same").await;
     let state = common::unique("shards-state");
     let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &state);
-    let mut sharded = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
-    let mut whole = Kubecast::start(&common::cm_config(&ns.name, ""));
+    let mut sharded = Kubecast::start_with_checkpoint(&config, &checkpoint, &env);
+    let mut whole = Kubecast::start_with(&common::cm_config(&ns.name, ""), &env);
     sharded.wait_log("list complete", 4).await;
     whole.wait_log("list complete", 1).await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
@@ -285,10 +292,9 @@ async fn client_side_filtering_gives_the_unsharded_events() {
     same_events_as_unsharded(false).await;
 }
 
-/// Needs an apiserver with `--feature-gates=ShardedListAndWatch=true` (alpha in 1.36): run with
-/// `KUBECAST_ENV_FILE` pointing at such an environment and `--ignored`.
+/// The apiserver of `tests/env/sharded` runs with `--feature-gates=ShardedListAndWatch=true`
+/// (alpha in 1.36): it applies the selector, and kubecast skips nothing.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "needs an apiserver with --feature-gates=ShardedListAndWatch=true (not the shared environment's default)"]
 async fn server_side_filtering_gives_the_unsharded_events() {
     same_events_as_unsharded(true).await;
 }

@@ -26,6 +26,22 @@ pub fn env_file() -> PathBuf {
     located("KUBECAST_ENV_FILE", "KUBECAST_ENV_STATE", "target/kubecast-env")
 }
 
+/// The env file of the apiserver with the `ShardedListAndWatch` gate on (`tests/env/sharded`).
+pub fn sharded_env_file() -> PathBuf {
+    located("KUBECAST_SHARDED_ENV_FILE", "KUBECAST_ENV_SHARDED_STATE", "target/kubecast-env-sharded")
+}
+
+/// The kubeconfig of the apiserver with the `ShardedListAndWatch` gate on.
+pub fn sharded_kubeconfig() -> String {
+    let path = sharded_env_file();
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!("{} is missing ({e}): run the suite with ./tests/run, or start it with tests/env/sharded up", path.display())
+    });
+    parse(&text)
+        .remove("KUBECONFIG")
+        .unwrap_or_else(|| panic!("no KUBECONFIG in {}: is the sharded apiserver running?", path.display()))
+}
+
 /// The env file of the compacting apiserver.
 pub fn compacting_env_file() -> PathBuf {
     located("KUBECAST_COMPACTING_ENV_FILE", "KUBECAST_ENV_COMPACTING_STATE", "target/kubecast-env-compacting")
