@@ -149,6 +149,9 @@ async fn an_event_sent_but_not_acknowledged_at_the_shutdown_deadline_is_never_co
     .await;
     // Anything committed twice would be committed by now (commits every 5 s): one more.
     let committed = metric(&mut kc, "kubecast_kafka_transactions_total{outcome=\"committed\"}").await.unwrap_or(0.0);
+    // One more change, so one more transaction commits after the ten (any copy of them from an
+    // earlier transaction would be decided by then).
+    common::create_cms(&client, &ns.name, &common::names("c", 0..1)).await;
     let deadline = Instant::now() + WAIT;
     while metric(&mut kc, "kubecast_kafka_transactions_total{outcome=\"committed\"}").await.unwrap_or(0.0) <= committed
     {
@@ -236,6 +239,9 @@ async fn sigterm_while_the_broker_does_not_answer_exits_by_the_deadline_and_lose
     kc.restart(&[]);
     wait_until("the ten changes committed after the restart", &mut kc, || added(&seen) >= 10).await;
     let committed = metric(&mut kc, "kubecast_kafka_transactions_total{outcome=\"committed\"}").await.unwrap_or(0.0);
+    // One more change, so one more transaction commits after the ten (any copy of them from an
+    // earlier transaction would be decided by then).
+    common::create_cms(&client, &ns.name, &common::names("c", 0..1)).await;
     let deadline = Instant::now() + WAIT;
     while metric(&mut kc, "kubecast_kafka_transactions_total{outcome=\"committed\"}").await.unwrap_or(0.0) <= committed
     {
