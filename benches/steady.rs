@@ -1,0 +1,334 @@
+//! CPU and wake-ups per event at steady rates: kubecast's delivery path into Kafka fed at a
+//! fixed number of changes per second, as a watch delivers them, rather than as fast as it can.
+//! Prints figures; asserts nothing about time.
+//!
+//!     cargo bench --bench steady                              # 200, 1500 and 10000 changes/s, 10 s each
+//!     cargo bench --bench steady -- --rates 1500 --seconds 20 --partitions 1 --rounds 3
+//!
+//! Per rate, in a fresh topic whose records carry the broker's append time
+//! (`message.timestamp.type = LogAppendTime`):
+//! - a thread of its own stands for the apiserver's connection: it hands each recorded watch line
+//!   (~8 KB Pods, see `common::record`) at its due time to a task that decodes it as the
+//!   reflector does and sends the item on, waking the runtime from outside as a socket does;
+//! - kubecast's real wiring takes it from there (shaping, the queue, the Kafka sink with
+//!   delivery reports, acknowledgements, the persister), as `kubecast run` starts them;
+//! - measured from the first line to the last acknowledgement: the process's CPU time and
+//!   context switches (voluntary + involuntary, every thread, `getrusage`), less the feeding
+//!   thread's own, per event; per thread kind (`rdk:broker`, `tokio-runtime-worker`, ...) too;
+//! - afterwards the topic is read back: per record, the broker's append time (the broker
+//!   acknowledges right after it) minus the event's `ce_time` (made by the shaping stage),
+//!   p50 / p99 / max.
+//!
+//! Needs the test Kafka: it runs `tests/env/up kafka` (idempotent; left running). Under
+//! `perf record -g -p <pid>` it shows where the CPU of one rate goes (`--rates 1500`).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kubecast::app::wiring::{CHANNEL_CAPACITY, Pipeline};
+use kubecast::model::EventSource;
+use kubecast::sink::Sink;
+use kubecast::source::reflector::Item;
+use kubecast::state::store::file::FileStore;
+use kubecast::state::store::{Owner, Store};
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// The allocator of the kubecast binary (src/main.rs).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Distinct recorded lines; longer runs cycle through them (each line is copied as it is fed).
+const RECORDED: usize = 10_000;
+
+fn main() {
+    common::run_like_the_binary(run());
+}
+
+async fn run() {
+    let rates: Vec<u32> = common::arg("--rates")
+        .unwrap_or_else(|| "200,1500,10000".into())
+        .split(',')
+        .map(|r| r.trim().parse().expect("--rates N,M,..."))
+        .collect();
+    let seconds: f64 = common::arg("--seconds").map_or(10.0, |s| s.parse().expect("--seconds S"));
+    let partitions: i32 = common::arg("--partitions").map_or(6, |p| p.parse().expect("--partitions N"));
+    let rounds = common::arg("--rounds").map_or(1, |r| r.parse::<usize>().expect("--rounds N")).max(1);
+    let env = common::env_up("kafka");
+    let brokers = common::env_value(&env, "KAFKA_BROKERS");
+    let most = rates.iter().map(|&r| (f64::from(r) * seconds) as usize).max().unwrap_or(0);
+    let recording = common::record(most.min(RECORDED));
+    println!(
+        "{} recorded Pods (~{:.1} KB each), {seconds} s per rate, topics of {partitions} partitions, {rounds} round(s)",
+        recording.len(),
+        recording.iter().map(bytes::Bytes::len).sum::<usize>() as f64 / recording.len() as f64 / 1024.0
+    );
+    // Warms the broker and the allocator outside the measurements.
+    steady(&brokers, &recording, 500, 500, partitions).await;
+    let mut figures: Vec<(u32, Vec<Figures>)> = rates.iter().map(|&r| (r, Vec::new())).collect();
+    for round in 0..rounds {
+        for (rate, out) in &mut figures {
+            let events = (f64::from(*rate) * seconds) as usize;
+            let f = steady(&brokers, &recording, *rate, events, partitions).await;
+            println!("round {} at {rate}/s: {}", round + 1, f.threads);
+            out.push(f);
+        }
+    }
+    println!();
+    println!(
+        "{:>10} {:>8} {:>14} {:>18} {:>12} {:>10} {:>10} {:>10}",
+        "changes/s", "events", "CPU µs/event", "switches/event", "(voluntary)", "p50 ms", "p99 ms", "max ms"
+    );
+    for (rate, runs) in &figures {
+        let m = |f: fn(&Figures) -> f64| common::median(runs.iter().map(f).collect());
+        println!(
+            "{rate:>10} {:>8} {:>14.1} {:>18.2} {:>12.2} {:>10.1} {:>10.1} {:>10.1}",
+            runs[0].events,
+            m(|f| f.cpu_us),
+            m(|f| f.switches),
+            m(|f| f.voluntary),
+            m(|f| f.p50),
+            m(|f| f.p99),
+            m(|f| f.max)
+        );
+    }
+    if rounds > 1 {
+        println!("(medians over {rounds} rounds)");
+    }
+}
+
+/// One rate's figures, per event.
+struct Figures {
+    events: usize,
+    cpu_us: f64,
+    switches: f64,
+    voluntary: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    /// CPU and switches per thread kind.
+    threads: String,
+}
+
+/// `events` changes at `rate` per second through kubecast into a fresh topic.
+async fn steady(
+    brokers: &str,
+    recording: &Arc<Vec<bytes::Bytes>>,
+    rate: u32,
+    events: usize,
+    partitions: i32,
+) -> Figures {
+    let topic = format!("bench.steady.{}.{}", std::process::id(), kubecast_kit::unique("r"));
+    create_topic(brokers, &topic, partitions).await;
+    let dir = tempfile::tempdir().unwrap();
+    // `KUBECAST_BENCH_KAFKA_PROPERTIES="linger.ms=20,..."`: librdkafka properties to compare.
+    let properties: String = std::env::var("KUBECAST_BENCH_KAFKA_PROPERTIES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| format!("{:?} = {:?}\n", k.trim(), v.trim()))
+        .collect();
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n\n[sink.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{topic}\"\n\n[sink.kafka.properties]\n{properties}"
+    );
+    let mut pipeline = Pipeline::new(common::config(dir.path(), &sink));
+    let config = pipeline.config.clone();
+    let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await.expect("sink"));
+    let store = Store::File(FileStore::open(&config.checkpoint.dir, Owner::default()).expect("checkpoint store"));
+    pipeline.load(store).await.expect("positions");
+    // As `kubecast run` checks the topic before it starts: the producer knows its partitions
+    // and their leaders before the first event (a topic just created has none for a moment).
+    let kafka = sink.kafka().expect("a Kafka sink");
+    assert!(kafka.topic_exists(&topic).await.expect("the brokers answer"), "topic {topic} created");
+    let source = Arc::new(EventSource::new(&config.cluster.name, &common::pods()));
+    let cancel = CancellationToken::new();
+    common::settle();
+
+    let (threads0, usage0) = (per_thread(), usage());
+    let (lines_tx, mut lines_rx) = mpsc::channel::<bytes::Bytes>(CHANNEL_CAPACITY);
+    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &cancel);
+    // The reflector: decodes each line as it arrives and emits its item.
+    let reflector = tokio::spawn(async move {
+        let mut seq = 0u64;
+        while let Some(line) = lines_rx.recv().await {
+            if items_tx.send(common::item(seq, &line, &source)).await.is_err() {
+                return;
+            }
+            seq += 1;
+        }
+    });
+    // The apiserver's connection: each line at its due time, from a thread of its own.
+    let feeder = {
+        let recording = recording.clone();
+        std::thread::Builder::new()
+            .name("feed".into())
+            .spawn(move || {
+                let own0 = own_usage();
+                let start = Instant::now();
+                let every = Duration::from_secs(1).as_secs_f64() / f64::from(rate.max(1));
+                for i in 0..events {
+                    let due = start + Duration::from_secs_f64(every * i as f64);
+                    if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                        std::thread::sleep(wait);
+                    }
+                    if lines_tx.blocking_send(common::read(&recording[i % recording.len()])).is_err() {
+                        break;
+                    }
+                }
+                let own1 = own_usage();
+                (own1.cpu - own0.cpu, own1.voluntary - own0.voluntary, own1.involuntary - own0.involuntary)
+            })
+            .unwrap()
+    };
+    downstream.queue.await.unwrap().expect("delivered");
+    let usage1 = usage();
+    let threads = per_thread_split(&threads0, events);
+    let (feed_cpu, feed_voluntary, feed_involuntary) = feeder.join().unwrap();
+    reflector.await.unwrap();
+    downstream.shaper.await.unwrap();
+    cancel.cancel();
+    if let Some(p) = downstream.persister.take() {
+        p.await.unwrap().expect("persisted");
+    }
+    drop(sink);
+    let n = events as f64;
+    let cpu = usage1.cpu - usage0.cpu - feed_cpu;
+    let voluntary = usage1.voluntary - usage0.voluntary - feed_voluntary;
+    let switches = voluntary + usage1.involuntary - usage0.involuntary - feed_involuntary;
+    let mut ms = append_latencies(brokers, &topic, events).await;
+    delete_topic(brokers, &topic).await;
+    ms.sort_by(f64::total_cmp);
+    let q = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
+    Figures {
+        events,
+        cpu_us: cpu / n * 1e6,
+        switches: switches / n,
+        voluntary: voluntary / n,
+        p50: q(0.5),
+        p99: q(0.99),
+        max: q(1.0),
+        threads,
+    }
+}
+
+/// CPU seconds and context switches (voluntary, involuntary) of every thread of this process,
+/// those that ended included.
+struct Usage {
+    cpu: f64,
+    voluntary: f64,
+    involuntary: f64,
+}
+
+fn usage() -> Usage {
+    rusage(libc::RUSAGE_SELF)
+}
+
+/// The calling thread's own.
+fn own_usage() -> Usage {
+    rusage(libc::RUSAGE_THREAD)
+}
+
+fn rusage(who: libc::c_int) -> Usage {
+    // SAFETY: getrusage fills the struct it is given; a zeroed rusage is a valid value.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; `who` is RUSAGE_SELF or RUSAGE_THREAD.
+    assert_eq!(unsafe { libc::getrusage(who, &mut u) }, 0, "getrusage");
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Usage { cpu: secs(u.ru_utime) + secs(u.ru_stime), voluntary: u.ru_nvcsw as f64, involuntary: u.ru_nivcsw as f64 }
+}
+
+/// Per live thread, by name without trailing digits: (CPU seconds, context switches).
+fn per_thread() -> std::collections::BTreeMap<String, (f64, f64)> {
+    let mut out = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let cpu = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let count = |field: &str| {
+            status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+        };
+        let switches = count("voluntary_ctxt_switches:") + count("nonvoluntary_ctxt_switches:");
+        let e = out.entry(name).or_insert((0.0, 0.0));
+        e.0 += cpu;
+        e.1 += switches;
+    }
+    out
+}
+
+/// What each thread kind took per event since `before`: "name µs / switches".
+fn per_thread_split(before: &std::collections::BTreeMap<String, (f64, f64)>, events: usize) -> String {
+    let n = events as f64;
+    let parts: Vec<String> = per_thread()
+        .into_iter()
+        .filter(|(name, _)| name != "feed")
+        .map(|(name, (cpu, sw))| {
+            let (c0, s0) = before.get(&name).copied().unwrap_or((0.0, 0.0));
+            (name, cpu - c0, sw - s0)
+        })
+        .filter(|(_, cpu, sw)| *cpu > 0.0 || *sw > 0.0)
+        .map(|(name, cpu, sw)| format!("{name} {:.1} µs / {:.2}", cpu / n * 1e6, sw / n))
+        .collect();
+    format!("per event (thread: CPU / switches): {}", parts.join(", "))
+}
+
+/// A topic whose records carry the broker's append time.
+async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin client");
+    let new =
+        NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("message.timestamp.type", "LogAppendTime");
+    for result in admin.create_topics(&[new], &AdminOptions::new()).await.expect("create topic") {
+        result.expect("topic created");
+    }
+}
+
+async fn delete_topic(brokers: &str, topic: &str) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin client");
+    for result in admin.delete_topics(&[topic], &AdminOptions::new()).await.expect("delete topic") {
+        result.expect("topic deleted");
+    }
+}
+
+/// Reads the `n` records of `topic`; per record, the milliseconds from its `ce_time` header
+/// (the event made) to its timestamp (the broker's append time).
+async fn append_latencies(brokers: &str, topic: &str, n: usize) -> Vec<f64> {
+    use futures::StreamExt;
+    use rdkafka::Message;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::Headers;
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-steady-{}", std::process::id()))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    consumer.subscribe(&[topic]).expect("subscribe");
+    let mut out = Vec::with_capacity(n);
+    let mut stream = consumer.stream();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while out.len() < n && Instant::now() < deadline {
+        let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), stream.next()).await else { continue };
+        let appended = m.timestamp().to_millis().expect("LogAppendTime");
+        let made = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "ce_time").and_then(|h| h.value.map(<[u8]>::to_vec)))
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(std::str::from_utf8(&t).ok()?).ok());
+        if let Some(made) = made {
+            let made_ms = made.timestamp_micros() as f64 / 1000.0;
+            out.push(appended as f64 - made_ms);
+        }
+    }
+    assert_eq!(out.len(), n, "every record of {topic} read back");
+    out
+}
