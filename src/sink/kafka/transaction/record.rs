@@ -41,7 +41,8 @@ impl Record {
     }
 }
 
-pub(super) fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
+/// `r` as librdkafka's record.
+pub(super) fn base_record(r: &Record) -> BaseRecord<'_, str, [u8]> {
     let mut br = BaseRecord::<str, [u8]>::to(&r.topic).key(&r.key);
     if let Some(p) = &r.payload {
         br = br.payload(p);
@@ -49,7 +50,11 @@ pub(super) fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> Ka
     if let Some(h) = &r.headers {
         br = br.headers(h.clone());
     }
-    producer.send(br).map_err(|(e, _)| e)
+    br
+}
+
+pub(super) fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
+    producer.send(base_record(r)).map_err(|(e, _)| e)
 }
 
 /// [`produce`], waiting (up to [`QUEUE_WAIT`]) while librdkafka's queue is full.

@@ -4,7 +4,6 @@ use super::*;
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::BaseProducer;
-use rdkafka::producer::BaseRecord;
 
 /// The size checked before a record is kept is never below librdkafka's own check (no
 /// broker needed: librdkafka refuses a record larger than `message.max.bytes` at once),
@@ -43,12 +42,5 @@ fn a_record_librdkafka_refuses_as_too_large_is_refused_before_it_is_kept() {
 }
 
 fn produce_base(producer: &BaseProducer, r: &Record) -> KafkaResult<()> {
-    let mut br = BaseRecord::<str, [u8]>::to(&r.topic).key(&r.key);
-    if let Some(p) = &r.payload {
-        br = br.payload(p);
-    }
-    if let Some(h) = &r.headers {
-        br = br.headers(h.clone());
-    }
-    producer.send(br).map_err(|(e, _)| e)
+    producer.send(super::record::base_record(r)).map_err(|(e, _)| e)
 }
