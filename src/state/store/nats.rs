@@ -207,36 +207,14 @@ impl NatsStore {
         let bases = layout_of(keys);
         let stream = self.js.get_stream(format!("KV_{}", self.bucket)).await.map_err(|e| broker(&what, e))?;
         for base in bases.keys() {
-            let consumer = stream
-                .create_consumer(consumer::pull::Config {
-                    filter_subjects: vec![self.subject(&position_key(base)), self.subject(&format!("{base}.*.p"))],
-                    deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-                    ack_policy: consumer::AckPolicy::None,
-                    inactive_threshold: Duration::from_secs(60),
-                    ..Default::default()
-                })
-                .await
-                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-            let pending = consumer.cached_info().num_pending;
-            if pending == 0 {
-                continue;
-            }
-            let mut messages = consumer
-                .stream()
-                .max_messages_per_batch(BATCH)
-                .messages()
-                .await
-                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-            let prefix = format!("$KV.{}.", self.bucket);
-            for _ in 0..pending {
-                let m = tokio::time::timeout(TIMEOUT, messages.next())
-                    .await
-                    .map_err(|_| broker(&what, "reading it: no record within 10 s"))?
-                    .ok_or_else(|| broker(&what, "reading it: the consumer ended"))?
-                    .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-                let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str());
-                check_layout(&format!("NATS bucket {}", self.bucket), k, &bases)?;
-            }
+            let filter = consumer::pull::Config {
+                filter_subjects: vec![self.subject(&position_key(base)), self.subject(&format!("{base}.*.p"))],
+                ..Default::default()
+            };
+            each_latest(&stream, &self.bucket, &what, filter, |k, _, _| {
+                check_layout(&format!("NATS bucket {}", self.bucket), k, &bases).map(|_| ())
+            })
+            .await?;
         }
         Ok(())
     }
@@ -245,47 +223,21 @@ impl NatsStore {
         let what = format!("NATS key-value bucket {}", self.bucket);
         let id = key.id();
         let stream = self.js.get_stream(format!("KV_{}", self.bucket)).await.map_err(|e| broker(&what, e))?;
-        let consumer = stream
-            .create_consumer(consumer::pull::Config {
-                filter_subject: format!("{}.>", self.subject(&id)),
-                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-                ack_policy: consumer::AckPolicy::None,
-                inactive_threshold: Duration::from_secs(60),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-        let pending = consumer.cached_info().num_pending;
         let keys = [key.clone()];
         let mut loader = Loader::new(format!("NATS bucket {}", self.bucket), &keys, &self.owner);
         let mut last = None;
-        if pending > 0 {
-            let mut messages = consumer
-                .stream()
-                .max_messages_per_batch(BATCH)
-                .messages()
-                .await
-                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-            let prefix = format!("$KV.{}.", self.bucket);
-            for _ in 0..pending {
-                let m = tokio::time::timeout(TIMEOUT, messages.next())
-                    .await
-                    .map_err(|_| broker(&what, "reading it: no record within 10 s"))?
-                    .ok_or_else(|| broker(&what, "reading it: the consumer ended"))?
-                    .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-                let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str()).to_string();
-                let deleted = m
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get("KV-Operation"))
-                    .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                loader.apply(&k, (!deleted).then_some(m.payload.as_ref()))?;
-                if k == position_key(&id) {
-                    let revision = m.info().map_err(|e| broker(&what, e))?.stream_sequence;
-                    last = Some(Last { revision, value: m.payload.clone() });
-                }
+        let filter =
+            consumer::pull::Config { filter_subject: format!("{}.>", self.subject(&id)), ..Default::default() };
+        let position_record = position_key(&id);
+        each_latest(&stream, &self.bucket, &what, filter, |k, deleted, m| {
+            loader.apply(k, (!deleted).then_some(m.payload.as_ref()))?;
+            if k == position_record {
+                let revision = m.info().map_err(|e| broker(&what, e))?.stream_sequence;
+                last = Some(Last { revision, value: m.payload.clone() });
             }
-        }
+            Ok(())
+        })
+        .await?;
         let position = loader.finish()?.remove(0);
         Ok((position, last))
     }
@@ -444,41 +396,60 @@ pub async fn scan(
         .get_stream(format!("KV_{bucket}"))
         .await
         .map_err(|e| broker(&what, format!("{e} (no kubecast wrote state there yet?)")))?;
+    let mut latest = super::record::Latest::new();
+    let filter = consumer::pull::Config { filter_subject: format!("$KV.{bucket}.>"), ..Default::default() };
+    each_latest(&stream, bucket, &what, filter, |k, deleted, m| {
+        let ms = m.info().ok().map(|i| (i.published.unix_timestamp_nanos() / 1_000_000) as i64);
+        latest.insert(k.to_string(), ((!deleted).then(|| m.payload.to_vec()), ms));
+        Ok(())
+    })
+    .await?;
+    super::record::fold_all(&format!("NATS bucket {bucket}"), &latest)
+}
+
+/// Reads the latest record of each subject `filter` selects (a consumer delivering the last per
+/// subject, each record within [`TIMEOUT`]) and hands `each` its key (the subject without
+/// `$KV.<bucket>.`), whether it is a deletion, and the record, in stream order.
+async fn each_latest(
+    stream: &stream::Stream,
+    bucket: &str,
+    what: &str,
+    filter: consumer::pull::Config,
+    mut each: impl FnMut(&str, bool, &jetstream::Message) -> Result<(), CheckpointError>,
+) -> Result<(), CheckpointError> {
     let consumer = stream
         .create_consumer(consumer::pull::Config {
-            filter_subject: format!("$KV.{bucket}.>"),
             deliver_policy: consumer::DeliverPolicy::LastPerSubject,
             ack_policy: consumer::AckPolicy::None,
             inactive_threshold: Duration::from_secs(60),
-            ..Default::default()
+            ..filter
         })
         .await
-        .map_err(|e| broker(&what, format!("reading it: {e}")))?;
+        .map_err(|e| broker(what, format!("reading it: {e}")))?;
     let pending = consumer.cached_info().num_pending;
-    let mut latest = super::record::Latest::new();
-    if pending > 0 {
-        let mut messages = consumer
-            .stream()
-            .max_messages_per_batch(BATCH)
-            .messages()
-            .await
-            .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-        let prefix = format!("$KV.{bucket}.");
-        for _ in 0..pending {
-            let m = tokio::time::timeout(TIMEOUT, messages.next())
-                .await
-                .map_err(|_| broker(&what, "reading it: no record within 10 s"))?
-                .ok_or_else(|| broker(&what, "reading it: the consumer ended"))?
-                .map_err(|e| broker(&what, format!("reading it: {e}")))?;
-            let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str()).to_string();
-            let deleted = m
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("KV-Operation"))
-                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-            let ms = m.info().ok().map(|i| (i.published.unix_timestamp_nanos() / 1_000_000) as i64);
-            latest.insert(k, ((!deleted).then(|| m.payload.to_vec()), ms));
-        }
+    if pending == 0 {
+        return Ok(());
     }
-    super::record::fold_all(&format!("NATS bucket {bucket}"), &latest)
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(BATCH)
+        .messages()
+        .await
+        .map_err(|e| broker(what, format!("reading it: {e}")))?;
+    let prefix = format!("$KV.{bucket}.");
+    for _ in 0..pending {
+        let m = tokio::time::timeout(TIMEOUT, messages.next())
+            .await
+            .map_err(|_| broker(what, "reading it: no record within 10 s"))?
+            .ok_or_else(|| broker(what, "reading it: the consumer ended"))?
+            .map_err(|e| broker(what, format!("reading it: {e}")))?;
+        let k = m.subject.as_str().strip_prefix(&prefix).unwrap_or(m.subject.as_str());
+        let deleted = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("KV-Operation"))
+            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+        each(k, deleted, &m)?;
+    }
+    Ok(())
 }
