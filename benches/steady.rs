@@ -246,20 +246,10 @@ fn rusage(who: libc::c_int) -> Usage {
 /// Per live thread, by name without trailing digits: (CPU seconds, context switches).
 fn per_thread() -> std::collections::BTreeMap<String, (f64, f64)> {
     let mut out = std::collections::BTreeMap::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
-        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-        let cpu = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let count = |field: &str| {
-            status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
-        };
-        let switches = count("voluntary_ctxt_switches:") + count("nonvoluntary_ctxt_switches:");
-        let e = out.entry(name).or_insert((0.0, 0.0));
-        e.0 += cpu;
-        e.1 += switches;
+    for t in common::threads() {
+        let e = out.entry(t.name).or_insert((0.0, 0.0));
+        e.0 += t.cpu;
+        e.1 += t.voluntary + t.involuntary;
     }
     out
 }

@@ -391,6 +391,40 @@ pub fn event(line: &bytes::Bytes, source: &Arc<EventSource>) -> CloudEvent {
     item(0, line, source).change.unwrap().into_cloudevent().unwrap()
 }
 
+/// A live thread of this process, from `/proc/self/task/<tid>/{stat,status}`.
+pub struct Thread {
+    /// Its name without trailing digits (a kind of thread).
+    pub name: String,
+    /// CPU seconds, user and system.
+    pub cpu: f64,
+    /// Context switches: voluntary (it waited for work) and involuntary.
+    pub voluntary: f64,
+    pub involuntary: f64,
+}
+
+/// Every live thread of this process.
+pub fn threads() -> Vec<Thread> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let cpu = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let count = |field: &str| {
+            status.lines().find_map(|l| l.strip_prefix(field)).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or(0.0)
+        };
+        out.push(Thread {
+            name,
+            cpu,
+            voluntary: count("voluntary_ctxt_switches:"),
+            involuntary: count("nonvoluntary_ctxt_switches:"),
+        });
+    }
+    out
+}
+
 /// CPU seconds (user + system) of each live thread of this process, summed by thread name
 /// with trailing digits dropped (`rdk:broker1` -> `rdk:broker`), the CPU seconds of the test
 /// environment's Kafka and NATS servers (`kafka server`, `nats server`) with their read and
@@ -398,20 +432,10 @@ pub fn event(line: &bytes::Bytes, source: &Arc<EventSource>) -> CloudEvent {
 /// process's minor page faults: a snapshot, to show where a measured window's CPU went (see [`cpu_split`]).
 pub fn thread_cpu() -> (std::collections::BTreeMap<String, f64>, u64) {
     let mut out = std::collections::BTreeMap::new();
-    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
-        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-        let cpu = (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0;
-        *out.entry(name).or_insert(0.0) += cpu;
+    for t in threads() {
+        *out.entry(t.name).or_insert(0.0) += t.cpu;
         // How often the thread went to sleep (voluntary switches: it waited for work).
-        if let Ok(status) = std::fs::read_to_string(task.path().join("status")) {
-            let switches = status.lines().find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"));
-            if let Some(n) = switches.and_then(|v| v.trim().parse::<f64>().ok()) {
-                *out.entry("thread sleeps".to_string()).or_insert(0.0) += n;
-            }
-        }
+        *out.entry("thread sleeps".to_string()).or_insert(0.0) += t.voluntary;
     }
     // The test environment's servers (not threads of this process): their CPU is on the
     // same cores, so what a side costs the broker shows too.
