@@ -10,12 +10,11 @@ use rdkafka::client::ClientContext;
 use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::util::Timeout;
 use tracing::{debug, info, warn};
 
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::{clean_topic_part, encode};
+use super::producer::Producer;
 use super::rejected::rejected_for_good;
 use super::transaction::{Limits, Record, Transaction};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
@@ -54,11 +53,11 @@ impl ClientContext for KafkaContext {
 }
 
 pub struct KafkaSink {
-    producer: FutureProducer<KafkaContext>,
+    producer: Arc<Producer<KafkaContext>>,
     /// The same configuration, one record per request: a record rejected as too large is sent
     /// again through it alone, because the broker rejects a whole batch when one record in it
     /// is too large, and the others must not be dead-lettered for that.
-    solo: std::sync::OnceLock<FutureProducer<KafkaContext>>,
+    solo: std::sync::OnceLock<Producer<KafkaContext>>,
     config: ClientConfig,
     topic: Template,
     mode: Mode,
@@ -95,20 +94,22 @@ impl KafkaSink {
         cc.set_log_level(super::logging::log_level(&cc));
         let connected = Arc::new(AtomicBool::new(true));
         let cause = Arc::new(Mutex::new(None));
-        let producer: FutureProducer<KafkaContext> = super::roles::for_producer(&cc)
-            .create_with_context(KafkaContext { connected: connected.clone(), cause: cause.clone() })
-            // The error names the property, never its value.
-            .map_err(|e| {
-                let e = e.to_string();
-                match super::security::fix_for(&e) {
-                    Some(fix) => SinkError::Config(format!("Kafka producer: {e} (fix: {fix})")),
-                    None => SinkError::Config(format!("Kafka producer: {e}")),
-                }
-            })?;
+        let producer = Producer::create(
+            &super::roles::for_producer(&cc),
+            KafkaContext { connected: connected.clone(), cause: cause.clone() },
+        )
+        // The error names the property, never its value.
+        .map_err(|e| {
+            let e = e.to_string();
+            match super::security::fix_for(&e) {
+                Some(fix) => SinkError::Config(format!("Kafka producer: {e} (fix: {fix})")),
+                None => SinkError::Config(format!("Kafka producer: {e}")),
+            }
+        })?;
         let keys: Vec<&String> = cfg.properties.keys().collect();
         info!(brokers = %cfg.brokers, topic = %cfg.topic, mode = ?cfg.mode, properties = ?keys, "Kafka producer created");
         Ok(Self {
-            producer,
+            producer: Arc::new(producer),
             solo: std::sync::OnceLock::new(),
             config: cc,
             topic: Template::parse(&cfg.topic).map_err(|e| SinkError::Config(format!("sink.kafka.topic: {e}")))?,
@@ -242,30 +243,19 @@ impl KafkaSink {
             };
             return self.send_transactional(vec![record]).await.map(|()| None);
         }
-        let record = |headers: Option<OwnedHeaders>| {
-            let r = FutureRecord::<str, [u8]>::to(topic).key(key);
-            let r = match headers {
-                Some(h) => r.headers(h),
-                None => r,
-            };
-            match payload {
-                Some(p) => r.payload(p),
-                None => r,
-            }
-        };
-        let mut result = self.producer.send(record(Some(headers)), Timeout::Never).await;
+        let mut result = self.producer.send(topic, key, payload, Some(headers)).await;
         if let Err((e, returned)) = &mut result
             && e.rdkafka_error_code() == Some(RDKafkaErrorCode::MessageSizeTooLarge)
         {
             debug!(topic, "record rejected as too large; sending it again alone");
             // The headers come back with the rejected record (not copied for every send).
             let headers = returned.detach_headers();
-            result = self.solo()?.send(record(headers), Timeout::Never).await;
+            result = self.solo()?.send(topic, key, payload, headers).await;
         }
         match result {
-            Ok(delivery) => {
+            Ok(delivered) => {
                 self.set_connected(true);
-                Ok(Some((delivery.partition, delivery.offset)))
+                Ok(Some(delivered))
             }
             Err((e, _)) => Err(self.classify(e)),
         }
@@ -283,14 +273,13 @@ impl KafkaSink {
         txn.send(records).await.map_err(|e| SendError::Permanent(e.to_string()))
     }
 
-    fn solo(&self) -> Result<&FutureProducer<KafkaContext>, SendError> {
+    fn solo(&self) -> Result<&Producer<KafkaContext>, SendError> {
         if let Some(p) = self.solo.get() {
             return Ok(p);
         }
         let mut cc = super::roles::for_producer(&self.config);
         cc.set("batch.num.messages", "1").set("linger.ms", "0");
-        let p = cc
-            .create_with_context(KafkaContext { connected: self.connected.clone(), cause: self.cause.clone() })
+        let p = Producer::create(&cc, KafkaContext { connected: self.connected.clone(), cause: self.cause.clone() })
             .map_err(|e| SendError::Retriable(format!("second Kafka producer: {e}")))?;
         Ok(self.solo.get_or_init(|| p))
     }

@@ -16,6 +16,7 @@ mod config;
 mod encode;
 mod limits;
 mod logging;
+mod producer;
 mod rejected;
 pub mod roles;
 pub mod security;
