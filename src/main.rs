@@ -34,8 +34,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::State { config, command } => {
             let cfg = Config::load(config.as_deref())?;
-            let rt =
-                tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+            let rt = kubecast::app::runtime::build().context("starting the runtime")?;
             rt.block_on(kubecast::app::state_cmd::run(cfg, command))?;
             Ok(())
         }
@@ -43,8 +42,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             let cfg = Config::load(config.as_deref())?;
             // Flushes the spans still buffered when dropped, after the pipeline stopped.
             let _telemetry = kubecast::observe::trace::init(&cfg.telemetry)?;
-            let rt =
-                tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the runtime")?;
+            let rt = kubecast::app::runtime::build().context("starting the runtime")?;
             let result = rt.block_on(async move {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(wait_for_signals(shutdown.clone()));

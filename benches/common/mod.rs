@@ -69,10 +69,10 @@ pub fn payloads(recording: &[bytes::Bytes]) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Runs `work` as the binary's `main` runs kubecast: the allocator's options set first, then
-/// a multi-threaded runtime.
+/// kubecast's runtime (`app::runtime`).
 pub fn run_like_the_binary<F: std::future::Future>(work: F) -> F::Output {
     kubecast::app::allocator::configure();
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(work)
+    kubecast::app::runtime::build().unwrap().block_on(work)
 }
 
 /// A recorded line as the watch reader hands it over: in a buffer of its own, as the HTTP

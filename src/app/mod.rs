@@ -1,5 +1,5 @@
-//! The binary's side: the command line (`cli`), the allocator's settings (`allocator`), and
-//! `kubecast run`: its wiring (`wiring`, also used by the benchmarks), start-up checks
+//! The binary's side: the command line (`cli`), the allocator's settings (`allocator`), the
+//! async runtime (`runtime`), and `kubecast run`: its wiring (`wiring`, also used by the benchmarks), start-up checks
 //! (`preflight`), supervision (`supervise`) and shutdown (`shutdown`), put together in `run`.
 //! `kubecast state` (see, reset and move the stored state) is `state_cmd`.
 //!
@@ -12,6 +12,7 @@ mod error;
 mod leadership;
 mod preflight;
 pub mod run;
+pub mod runtime;
 mod shards;
 mod shutdown;
 pub mod state_cmd;
