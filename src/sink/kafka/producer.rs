@@ -166,6 +166,10 @@ impl<C: ClientContext + 'static> Drop for Producer<C> {
 /// before it tries again.
 const QUEUE_FULL_PAUSE: Duration = Duration::from_millis(10);
 
+/// Report events taken before the reports task lets other tasks run (each holds the reports
+/// of one produce request).
+const REPORTS_IN_A_ROW: usize = 64;
+
 /// A record that never reached librdkafka's queue, with its headers (to be sent again).
 fn unsent(topic: &str, headers: Option<OwnedHeaders>) -> OwnedMessage {
     OwnedMessage::new(None, None, topic.to_string(), Timestamp::NotAvailable, -1, 0, headers)
@@ -174,9 +178,15 @@ fn unsent(topic: &str, headers: Option<OwnedHeaders>) -> OwnedMessage {
 /// Takes every waiting report (and log or error event) each time librdkafka says some arrived.
 async fn take_reports<C: ClientContext + 'static>(shared: Arc<Shared<C>>) {
     loop {
+        let mut taken = 0usize;
         // SAFETY: the handle lives as long as `shared`.
         while unsafe { rdsys::rd_kafka_queue_length(shared.queue) } > 0 {
             shared.base.poll(Duration::ZERO);
+            taken += 1;
+            // A long run of reports (a backlog delivered) lets the other tasks run between.
+            if taken.is_multiple_of(REPORTS_IN_A_ROW) {
+                tokio::task::yield_now().await;
+            }
         }
         shared.waiting.notified().await;
     }
