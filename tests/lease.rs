@@ -284,3 +284,53 @@ async fn a_clean_stop_hands_the_lease_over_at_once_losing_nothing() {
     );
     assert!(b.stop().success(), "{}", b.log());
 }
+
+/// The Lease's renewTime as the apiserver has it, in milliseconds.
+async fn renewed_ms(client: &kube::Client, ns: &str, name: &str) -> i64 {
+    let lease =
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), ns).get(name).await.unwrap();
+    lease.spec.and_then(|s| s.renew_time).expect("renewTime").0.as_millisecond()
+}
+
+/// The runtime's only worker blocked for twice the renew deadline (as a long synchronous
+/// computation or a blocking call would hold it): the Lease is renewed all along, because its
+/// keeper runs on a thread of its own with a client of its own, and the process still holds
+/// it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_blocked_runtime_worker_does_not_hold_up_the_lease_renewals() {
+    use kubecast::app::leadership::{Keepers, Tenure};
+    use kubecast::source::client::ClusterConfig;
+    use kubecast::state::lease::{Attempt, CoordinationConfig, Elector};
+    use tokio_util::sync::CancellationToken;
+
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "lease-thread").await;
+    let cfg = CoordinationConfig {
+        enabled: true,
+        lease_name: "busy".into(),
+        lease_namespace: Some(ns.name.clone()),
+        identity: Some("busy-worker".into()),
+        lease_duration_seconds: 4,
+        renew_deadline_seconds: 3,
+        retry_period_seconds: 1,
+        ..Default::default()
+    };
+    let mut elector = Elector::new(client.clone(), &cfg);
+    let Attempt::Held { epoch } = elector.try_acquire_or_renew().await.expect("lease taken") else {
+        panic!("the new Lease is not held");
+    };
+    let cluster = ClusterConfig { kubeconfig: Some(common::kubeconfig().into()), ..Default::default() };
+    let keepers = Keepers::start(&cluster).await.expect("the keepers' thread and client");
+    let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+    let tenure = Tenure::new(&cfg, lost.clone());
+    let keeper = keepers.keep(elector, cfg.clone(), epoch, stop.clone(), tenure.clone());
+    let before = renewed_ms(&client, &ns.name, "busy").await;
+    // The test's own body runs beside the worker (`block_on`); a task runs on it.
+    tokio::spawn(async { std::thread::sleep(Duration::from_secs(6)) }).await.unwrap();
+    assert!(tenure.held(), "the Lease counts as held after the worker was blocked");
+    assert!(!lost.is_cancelled() && !keeper.is_finished(), "the keeper reported the Lease lost");
+    let after = renewed_ms(&client, &ns.name, "busy").await;
+    assert!(after - before >= 4000, "renewTime moved {} ms while the worker was blocked 6 s", after - before);
+    stop.cancel();
+    keeper.await.expect("keeper task").expect("given up cleanly");
+}

@@ -28,4 +28,6 @@ pub enum RunError {
         "lost the lease {lease} ({why}): stopped publishing at once; another process is the active one now (records already handed to the producer may still reach the broker, with their usual ids)"
     )]
     LeaseLost { lease: String, why: String },
+    #[error("cannot start the thread that keeps the Lease: {0} (the process may be out of threads or memory)")]
+    LeaseThread(std::io::Error),
 }

@@ -11,7 +11,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use super::error::RunError;
+use super::runtime;
 use crate::observe::health::Health;
+use crate::source::client::{self, ClusterConfig};
 use crate::state::lease::{Attempt, CoordinationConfig, Elector};
 
 /// Waits until this process holds the Lease; `None` when shutdown came first. Meanwhile
@@ -57,6 +59,39 @@ pub async fn wait_for_lease(
             _ = tokio::time::sleep(retry) => {}
             _ = watch.released(retry) => debug!(lease = %elector.lease(), "the lease was given up: trying now"),
         }
+    }
+}
+
+/// Where the Lease keepers run: a thread of their own ([`runtime::lease_thread`]) and a kube
+/// client made on it, so that neither a busy runtime worker nor the main client's connections
+/// stand between a keeper and its renewals.
+#[derive(Clone)]
+pub struct Keepers {
+    thread: tokio::runtime::Handle,
+    client: kube::Client,
+}
+
+impl Keepers {
+    /// Starts the keepers' thread (once per process) and makes their client there.
+    pub async fn start(cluster: &ClusterConfig) -> Result<Self, RunError> {
+        let thread = runtime::lease_thread().map_err(RunError::LeaseThread)?;
+        let cluster = cluster.clone();
+        let made = thread.spawn(async move { client::client(&cluster).await });
+        let (client, _) = made.await.map_err(|e| RunError::LeaseThread(std::io::Error::other(e.to_string())))??;
+        Ok(Self { thread, client })
+    }
+
+    /// Keeps `elector`'s Lease ([`keep_lease`]) on the keepers' thread, through their client.
+    pub fn keep(
+        &self,
+        elector: Elector,
+        cfg: CoordinationConfig,
+        epoch: i32,
+        stop: CancellationToken,
+        tenure: Tenure,
+    ) -> JoinHandle<Result<(), RunError>> {
+        let elector = elector.with_client(self.client.clone());
+        self.thread.spawn(keep_lease(elector, cfg, epoch, stop, tenure))
     }
 }
 

@@ -9,7 +9,7 @@ mod active;
 pub mod allocator;
 pub mod cli;
 mod error;
-mod leadership;
+pub mod leadership;
 mod preflight;
 pub mod run;
 pub mod runtime;

@@ -69,8 +69,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
                 return Ok(());
             };
             let writer = elector.identity().to_string();
-            let keeper = leadership::keep_lease(elector, cfg, epoch, lease_stop.clone(), tenure.clone());
-            lease = Some(tokio::spawn(keeper));
+            let keepers = leadership::Keepers::start(&pipeline.config.cluster).await?;
+            lease = Some(keepers.keep(elector, cfg, epoch, lease_stop.clone(), tenure.clone()));
             (Some(i64::from(epoch)), writer)
         }
         None => {

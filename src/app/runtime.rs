@@ -1,4 +1,4 @@
-//! The async runtime kubecast runs on (`kubecast run`, `kubecast state`, and the benchmarks).
+//! The async runtimes kubecast runs on (`kubecast run`, `kubecast state`, and the benchmarks).
 //!
 //! One worker thread by default. kubecast's stages are a few long-lived tasks handing each
 //! other batches (the reflectors, shaping, the queue, the delivery reports, the persister);
@@ -8,8 +8,14 @@
 //! blocking pool (state writes, the final flush), not on the workers.
 //!
 //! The standard `TOKIO_WORKER_THREADS` variable overrides the number of workers.
+//!
+//! The Lease keepers run apart, on a thread of their own with a kube client of their own
+//! ([`lease_thread`]): a worker kept busy (a large relist-diff, a burst of events) or held up
+//! by a call that blocks never delays a renewal, so a busy process does not lose its Lease.
 
-use tokio::runtime::{Builder, Runtime};
+use std::sync::Mutex;
+
+use tokio::runtime::{Builder, Handle, Runtime};
 
 /// Worker threads unless `TOKIO_WORKER_THREADS` says otherwise.
 pub const WORKERS: usize = 1;
@@ -21,4 +27,22 @@ pub fn build() -> std::io::Result<Runtime> {
         builder.worker_threads(WORKERS);
     }
     builder.enable_all().build()
+}
+
+/// The runtime of the Lease keepers: one thread (`kubecast-lease`), started the first time it
+/// is asked for, running for the rest of the process. Tasks spawned on it (and the HTTP
+/// connections their requests open) are driven by that thread alone.
+pub fn lease_thread() -> std::io::Result<Handle> {
+    static HANDLE: Mutex<Option<Handle>> = Mutex::new(None);
+    let mut handle = HANDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(h) = handle.as_ref() {
+        return Ok(h.clone());
+    }
+    let rt = Builder::new_current_thread().enable_all().build()?;
+    let h = rt.handle().clone();
+    std::thread::Builder::new()
+        .name("kubecast-lease".into())
+        .spawn(move || rt.block_on(std::future::pending::<()>()))?;
+    *handle = Some(h.clone());
+    Ok(h)
 }

@@ -44,6 +44,8 @@ struct Shared {
     config: Config,
     client: kube::Client,
     limiter: ApiLimiter,
+    /// Where each shard's Lease is kept (a thread of its own).
+    keepers: leadership::Keepers,
     /// The process's health; each shard's streams report to a health of their own under it.
     health: Arc<Health>,
 }
@@ -71,7 +73,8 @@ pub async fn run(
     m.leader.set(0);
     info!(shards = count, identity = %identity, lease = %format!("{}/{}-<i>-of-{count}", cfg.namespace(), cfg.lease_name), "sharded: taking a share of the shards");
 
-    let shared = Arc::new(Shared { config, client: client.clone(), limiter, health: health.clone() });
+    let keepers = leadership::Keepers::start(&config.cluster).await?;
+    let shared = Arc::new(Shared { config, client: client.clone(), limiter, keepers, health: health.clone() });
     let elector = |s: Shard| Elector::for_shard(client.clone(), &cfg, s, shard_labels(&cfg));
     let mut electors: BTreeMap<Shard, Elector> = Shard::all(count).map(|s| (s, elector(s))).collect();
     let mut members = Members::new(client.clone(), &cfg, identity.clone());
@@ -208,7 +211,7 @@ async fn run_shard(
     let writer = elector.identity().to_string();
     let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
     let tenure = leadership::Tenure::new(&cfg, lost.clone());
-    let keeper = tokio::spawn(leadership::keep_lease(elector, cfg, epoch, stop.clone(), tenure.clone()));
+    let keeper = shared.keepers.keep(elector, cfg, epoch, stop.clone(), tenure.clone());
     let pipeline = Pipeline::for_shard(shared.config.clone(), shard);
     let opened = async {
         let config = &pipeline.config;

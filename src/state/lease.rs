@@ -217,6 +217,11 @@ impl Elector {
         Self { name: shard.lease_name(&cfg.lease_name), labels, shard: Some(shard), ..Self::new(client, cfg) }
     }
 
+    /// The same elector, its requests sent through `client`.
+    pub fn with_client(self, client: kube::Client) -> Self {
+        Self { api: Api::namespaced(client, &self.namespace), ..self }
+    }
+
     /// The shard whose Lease this is.
     pub fn shard(&self) -> Option<Shard> {
         self.shard
