@@ -28,11 +28,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kubecast::app::wiring::{CHANNEL_CAPACITY, Pipeline};
-use kubecast::model::EventSource;
+use kubecast::model::{Effect, EventSource, IndexOp, ObjectIndex};
 use kubecast::sink::Sink;
 use kubecast::source::reflector::Item;
 use kubecast::state::store::file::FileStore;
-use kubecast::state::store::{Owner, Store};
+use kubecast::state::store::{Delta, Owner, Store};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -140,6 +140,11 @@ async fn steady(
     let config = pipeline.config.clone();
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await.expect("sink"));
     let store = Store::File(FileStore::open(&config.checkpoint.dir, Owner::default()).expect("checkpoint store"));
+    // A process in its steady state: it synced the objects before these changes (every object
+    // the run changes is in its checkpoint's index), so the changes modify known objects
+    // rather than grow the index from nothing.
+    let synced = synced(&recording[..events.min(recording.len())]);
+    store.write(&[(pipeline.streams[0].key.clone(), synced)]).await.expect("synced checkpoint");
     pipeline.load(store).await.expect("positions");
     // As `kubecast run` checks the topic before it starts: the producer knows its partitions
     // and their leaders before the first event (a topic just created has none for a moment).
@@ -215,6 +220,21 @@ async fn steady(
         max: q(1.0),
         threads,
     }
+}
+
+/// The checkpoint of a stream that listed `lines`' objects: each in its index, the list's
+/// resourceVersion the highest of theirs.
+fn synced(lines: &[bytes::Bytes]) -> Delta {
+    let mut upserts = ObjectIndex::default();
+    let mut highest = 0u64;
+    for line in lines {
+        let item = common::item(0, line, &Arc::new(EventSource::new("bench", &common::pods())));
+        if let Effect::Watched { op: IndexOp::Upsert(uid, entry), rv } = &item.effect {
+            upserts.insert(uid, entry);
+            highest = highest.max(rv.parse().unwrap_or(0));
+        }
+    }
+    Delta { upserts, full: true, resource_version: Some(highest.to_string()), ..Delta::default() }
 }
 
 /// CPU seconds and context switches (voluntary, involuntary) of every thread of this process,
