@@ -143,14 +143,14 @@ async fn steady(
     // A process in its steady state: it synced the objects before these changes (every object
     // the run changes is in its checkpoint's index), so the changes modify known objects
     // rather than grow the index from nothing.
-    let synced = synced(&recording[..events.min(recording.len())]);
+    let source = Arc::new(EventSource::new(&config.cluster.name, &common::pods()));
+    let synced = synced(&recording[..events.min(recording.len())], &source);
     store.write(&[(pipeline.streams[0].key.clone(), synced)]).await.expect("synced checkpoint");
     pipeline.load(store).await.expect("positions");
     // As `kubecast run` checks the topic before it starts: the producer knows its partitions
     // and their leaders before the first event (a topic just created has none for a moment).
     let kafka = sink.kafka().expect("a Kafka sink");
     assert!(kafka.topic_exists(&topic).await.expect("the brokers answer"), "topic {topic} created");
-    let source = Arc::new(EventSource::new(&config.cluster.name, &common::pods()));
     let cancel = CancellationToken::new();
     common::settle();
 
@@ -224,11 +224,11 @@ async fn steady(
 
 /// The checkpoint of a stream that listed `lines`' objects: each in its index, the list's
 /// resourceVersion the highest of theirs.
-fn synced(lines: &[bytes::Bytes]) -> Delta {
+fn synced(lines: &[bytes::Bytes], source: &Arc<EventSource>) -> Delta {
     let mut upserts = ObjectIndex::default();
     let mut highest = 0u64;
     for line in lines {
-        let item = common::item(0, line, &Arc::new(EventSource::new("bench", &common::pods())));
+        let item = common::item(0, line, source);
         if let Effect::Watched { op: IndexOp::Upsert(uid, entry), rv } = &item.effect {
             upserts.insert(uid, entry);
             highest = highest.max(rv.parse().unwrap_or(0));
