@@ -254,15 +254,14 @@ impl Shaper {
         if !wanted && !self.ignore_status_only {
             return Err(Dropped::Verb);
         }
-        if !self.keep_managed_fields
-            && let Some(data) = strip_noise(&event.data)
-        {
-            event.data = data.into();
-        }
-        let Ok(text) = simdutf8::basic::from_utf8(&event.data) else {
+        // The text is checked once here; what the removals make of it is UTF-8 by construction.
+        let data = event.data.clone();
+        let Ok(text) = simdutf8::basic::from_utf8(&data) else {
             error!(resource = %self.describe, event_id = event.id(), "object is not UTF-8 JSON; event dropped");
             return Err(Dropped::Unreadable);
         };
+        let stripped = if self.keep_managed_fields { None } else { strip_noise(text) };
+        let text = stripped.as_deref().unwrap_or(text);
         let unchanged = self.ignore_status_only && self.note_hash(verb, uid, |skip| json::text_hash(text, skip));
         if !wanted {
             return Err(Dropped::Verb);
@@ -273,6 +272,9 @@ impl Shaper {
         if let Some(f) = self.filter.as_ref().filter(|_| judged_by_filter(verb, event)) {
             let result = f.eval_text(text, verb.as_str());
             self.filtered(result, event.id())?;
+        }
+        if let Some(stripped) = stripped {
+            event.data = stripped.into_bytes().into();
         }
         self.cap(event, None);
         Ok(())
@@ -395,14 +397,14 @@ fn metadata_only(v: &Value) -> Value {
 
 /// The fast path of the default removals: when the object has managedFields or the
 /// last-applied annotation, the object's text with them cut out of its metadata; the rest of
-/// the text is copied as it is, never decoded. `None`: nothing to remove.
-pub fn strip_noise(data: &[u8]) -> Option<Vec<u8>> {
-    let text = simdutf8::basic::from_utf8(data).ok()?;
-    if !text.contains("\"managedFields\"") && !text.contains(LAST_APPLIED) {
-        return None;
-    }
+/// the text is copied as it is, never decoded. `None`: nothing to remove. Only the metadata is
+/// searched (it comes before `spec`, `data` and `status` in the apiserver's JSON).
+pub fn strip_noise(text: &str) -> Option<String> {
     let meta = json::top_level(text, "metadata")?;
     let mtext = meta.get();
+    if !mtext.contains("\"managedFields\"") && !mtext.contains(LAST_APPLIED) {
+        return None;
+    }
     let annotations_text: String;
     let new_annotations: Box<RawValue>;
     let mut entries = json::entries(mtext).ok()?;
@@ -428,11 +430,14 @@ pub fn strip_noise(data: &[u8]) -> Option<Vec<u8>> {
     if !changed {
         return None;
     }
+    let mut metadata = Vec::with_capacity(mtext.len());
+    json::write_object(&mut metadata, &entries);
     let start = json::offset_in(text, mtext);
-    let mut out = Vec::with_capacity(text.len());
-    out.extend_from_slice(&data[..start]);
-    json::write_object(&mut out, &entries);
-    out.extend_from_slice(&data[start + mtext.len()..]);
+    let mut out = String::with_capacity(text.len());
+    out.push_str(&text[..start]);
+    // Only the rewritten metadata is checked again, not the whole object.
+    out.push_str(std::str::from_utf8(&metadata).ok()?);
+    out.push_str(&text[start + mtext.len()..]);
     Some(out)
 }
 
@@ -455,7 +460,7 @@ mod tests {
                          "managedFields": [{"manager": "kubectl"}]},
             "data": {"k": "v \"managedFields\""}});
         let text = serde_json::to_vec(&obj).unwrap();
-        let out: Value = serde_json::from_slice(&strip_noise(&text).unwrap()).unwrap();
+        let out: Value = serde_json::from_str(&strip_noise(std::str::from_utf8(&text).unwrap()).unwrap()).unwrap();
         assert_eq!(
             out,
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "annotations": {"keep": "me"}},
@@ -463,10 +468,10 @@ mod tests {
         );
         let only_last_applied = json!({"metadata": {"name": "a", "annotations": {LAST_APPLIED: "x"}}, "spec": {}});
         let out: Value =
-            serde_json::from_slice(&strip_noise(&serde_json::to_vec(&only_last_applied).unwrap()).unwrap()).unwrap();
+            serde_json::from_str(&strip_noise(&serde_json::to_string(&only_last_applied).unwrap()).unwrap()).unwrap();
         assert_eq!(out, json!({"metadata": {"name": "a"}, "spec": {}}));
         // Mentioned elsewhere only: nothing to do.
-        let clean = serde_json::to_vec(&json!({"metadata": {"name": "a"}, "data": {"managedFields": "x"}})).unwrap();
+        let clean = serde_json::to_string(&json!({"metadata": {"name": "a"}, "data": {"managedFields": "x"}})).unwrap();
         assert!(strip_noise(&clean).is_none());
     }
 }
