@@ -3,6 +3,7 @@
 //!
 //!     cargo bench --bench kafka                   # 50000 events over 5000 objects, 5 rounds
 //!     cargo bench --bench kafka -- --events 20000 --rounds 5
+//!     cargo bench --bench kafka -- --broker-cpu 1   # the broker on CPU 1, the benchmark on the others
 //!
 //! The stream is "recorded" deterministically: ~10 KB Pods (labels, annotations,
 //! managedFields, five containers with env, status), each object modified several times.
@@ -48,6 +49,7 @@ async fn run() {
 
     let run = std::process::id();
     let rounds = common::rounds_arg();
+    let _pinned = common::pin_broker("kafka");
     let partitions = common::arg("--partitions").map_or(6, |p| p.parse().expect("--partitions N"));
     // Fresh topics for each run, all created before anything is measured.
     let topic = |side: &str, round: usize| format!("bench.{side}.{run}.{round}");

@@ -5,6 +5,7 @@
 //!     cargo bench --bench nats                   # 20000 events over 5000 objects, 5 rounds
 //!     cargo bench --bench nats -- --events 50000
 //!     cargo bench --bench nats -- --side kubecast --mode structured   # one run kind only
+//!     cargo bench --bench nats -- --broker-cpu 1    # the server on CPU 1, the benchmark on the others
 //!
 //! The recorded stream is the one of the Kafka benchmark (~10 KB Pods). The raw side publishes
 //! each object's JSON with `Nats-Msg-Id` and awaits the PubAcks, 1000 in flight. kubecast runs
@@ -69,6 +70,7 @@ async fn run() {
             .await;
     }
     let rounds = common::rounds_arg();
+    let _pinned = common::pin_broker("nats");
     println!("{rounds} rounds, the raw publisher first in odd ones, kubecast in even ones");
     let nan = (f64::NAN, f64::NAN);
     let mode = |m: &str| common::arg("--mode").is_none_or(|x| x == m);

@@ -155,6 +155,10 @@ pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
     let raw_eps = median(rounds.iter().map(|r| events as f64 / r.raw.0).collect());
     println!("{raw_name}: {raw_eps:.0} events/s");
     for (k, (name, _)) in rounds[0].runs.iter().enumerate() {
+        if rounds.iter().all(|r| r.runs[k].1.0.is_nan()) {
+            println!("{name}: not run");
+            continue;
+        }
         let ratios: Vec<f64> = rounds.iter().map(|r| r.raw.0 / r.runs[k].1.0).collect();
         let each: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
         let eps = median(rounds.iter().map(|r| events as f64 / r.runs[k].1.0).collect());
@@ -168,6 +172,46 @@ pub fn report(events: usize, raw_name: &str, rounds: &[Round]) {
             goal(">= 20000 on one core"),
         );
     }
+}
+
+/// `--broker-cpu N`: while the value lives, the test environment's `server` (`kafka` or
+/// `nats`, all its threads) runs on CPU N only and this process on the other CPUs, as when the
+/// broker has machines of its own; both get every CPU back when it is dropped. `None` without
+/// the flag. Uses `taskset` (util-linux).
+pub fn pin_broker(server: &str) -> Option<Pinned> {
+    let cpu: usize = arg("--broker-cpu")?.parse().expect("--broker-cpu N (a CPU number)");
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(cpus >= 2 && cpu < cpus, "--broker-cpu {cpu}: needs at least 2 CPUs and N below {cpus}");
+    let state = kubecast_kit::env_file().parent().unwrap().to_path_buf();
+    let pid = std::fs::read_to_string(state.join(server).join("pid")).expect("the broker's pid file");
+    let pinned = Pinned { broker: pid.trim().to_string(), all: format!("0-{}", cpus - 1) };
+    let others: Vec<String> = (0..cpus).filter(|c| *c != cpu).map(|c| c.to_string()).collect();
+    taskset(&pinned.broker, &cpu.to_string());
+    taskset(&std::process::id().to_string(), &others.join(","));
+    println!("{server} server on CPU {cpu}, this benchmark on CPUs {}", others.join(","));
+    Some(pinned)
+}
+
+/// What [`pin_broker`] pinned, given every CPU back on drop.
+pub struct Pinned {
+    broker: String,
+    all: String,
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        taskset(&self.broker, &self.all);
+        taskset(&std::process::id().to_string(), &self.all);
+    }
+}
+
+/// Sets the CPUs of every thread of process `pid`.
+fn taskset(pid: &str, cpus: &str) {
+    let out = std::process::Command::new("taskset")
+        .args(["--all-tasks", "--cpu-list", "--pid", cpus, pid])
+        .output()
+        .expect("taskset (util-linux)");
+    assert!(out.status.success(), "taskset {cpus} {pid}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The median of `v` (the mean of the middle two for an even count).
