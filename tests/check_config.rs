@@ -148,6 +148,18 @@ const BAD: &[BadCase] = &[
     ),
     ("wrong type", "[cluster]\nname = 5", &[], &["cluster.name", "wrong type", "string"]),
     (
+        "a negative number where a count goes",
+        "[delivery]\nmax_in_flight = -5",
+        &[],
+        &["delivery.max_in_flight", "found signed int `-5`", "fix: write a whole number, 0 or more"],
+    ),
+    (
+        "a text where a list goes",
+        "[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\nnamespaces = \"default\"",
+        &[],
+        &["resources[0].namespaces", "expected a list", "fix: write a list (e.g. [\"a\", \"b\"])"],
+    ),
+    (
         "too small a bound on the uncommitted events",
         "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\nmax_uncommitted_events = 0\nmax_uncommitted_bytes = 1000",
         &[],

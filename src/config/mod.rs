@@ -278,10 +278,12 @@ fn problem_of(e: &figment::Error) -> Problem {
         }
         Kind::MissingField(f) => (format!("required key `{f}` is missing"), format!("add `{f} = ...`")),
         Kind::InvalidType(actual, expected) => {
-            (format!("wrong type: found {actual}, expected {expected}"), format!("write {expected}"))
+            let (expected, example) = in_words(expected);
+            (format!("wrong type: found {actual}, expected {expected}"), format!("write {expected}{example}"))
         }
         Kind::InvalidValue(actual, expected) => {
-            (format!("invalid value: found {actual}, expected {expected}"), format!("write {expected}"))
+            let (expected, example) = in_words(expected);
+            (format!("invalid value: found {actual}, expected {expected}"), format!("write {expected}{example}"))
         }
         Kind::DuplicateField(f) => (format!("key `{f}` is given twice"), "keep one of them".into()),
         Kind::Message(m) => (m.clone(), "correct the TOML syntax at the position shown".into()),
@@ -293,6 +295,21 @@ fn problem_of(e: &figment::Error) -> Problem {
         message.push_str(&format!(" (set by the environment variable {var})"));
     }
     Problem { key, message, fix }
+}
+
+/// What serde calls the expected type, in a user's words (`usize` -> a whole number), and an
+/// example of it for the fix.
+fn in_words(expected: &str) -> (String, &'static str) {
+    let (words, example) = match expected {
+        "usize" | "u64" | "u32" | "u16" | "u8" => ("a whole number, 0 or more", " (e.g. 100)"),
+        "isize" | "i64" | "i32" | "i16" | "i8" => ("a whole number", " (e.g. 100)"),
+        "f64" | "f32" => ("a number", " (e.g. 2.5)"),
+        "a sequence" => ("a list", " (e.g. [\"a\", \"b\"])"),
+        "a map" => ("a table", ""),
+        other if other.starts_with("struct ") => ("a table", ""),
+        other => return (other.to_string(), ""),
+    };
+    (words.to_string(), example)
 }
 
 /// `["resources", "0", "kind"]` -> `resources[0].kind`.
