@@ -397,8 +397,8 @@ fn metadata_only(v: &Value) -> Value {
 
 /// The fast path of the default removals: when the object has managedFields or the
 /// last-applied annotation, the object's text with them cut out of its metadata; the rest of
-/// the text is copied as it is, never decoded. `None`: nothing to remove. Only the metadata is
-/// searched (it comes before `spec`, `data` and `status` in the apiserver's JSON).
+/// the text is copied as it is, never decoded. `None`: nothing to remove. Only the metadata's
+/// text is searched for the two names (members before it are skipped, not searched).
 pub fn strip_noise(text: &str) -> Option<String> {
     let meta = json::top_level(text, "metadata")?;
     let mtext = meta.get();
