@@ -73,7 +73,12 @@ async fn wait_for_signals(shutdown: CancellationToken) {
 }
 
 fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // async-nats' connector logs each server address it tries at DEBUG, with a password given
+    // in the URL: never below INFO unless that module is asked for by name.
+    if !std::env::var("RUST_LOG").is_ok_and(|v| v.contains("async_nats::connector")) {
+        filter = filter.add_directive("async_nats::connector=info".parse().expect("a valid directive"));
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

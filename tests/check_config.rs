@@ -455,3 +455,32 @@ fn shards_with_coordination_and_a_broker_store_pass() {
     assert!(ok, "{err}");
     assert!(out.starts_with("config OK"), "{out}");
 }
+
+#[test]
+fn secrets_in_urls_and_misspelled_kafka_properties_are_never_printed() {
+    // A NATS URL with a password: the summary shows the user, not the password.
+    let nats = "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://kubecast:UrlPw-S3cr3t@nats:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, out, err) = check(nats, &[]);
+    assert!(ok, "{err}");
+    assert!(out.contains("nats://kubecast:***@nats:4222") && !out.contains("S3cr3t"), "{out}");
+    // A misspelled property with a secret from the environment: refused by name, without it.
+    let kafka = "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.pasword\" = \"${env:KUBECAST_TEST_TYPO_SECRET}\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, out, err) = check(kafka, &[("KUBECAST_TEST_TYPO_SECRET", "TypoPw-S3cr3t")]);
+    assert!(!ok, "accepted: {out}");
+    assert!(
+        err.contains("sink.kafka.properties.\"sasl.pasword\"") && err.contains("no property of that name"),
+        "{err}"
+    );
+    assert!(err.contains("CONFIGURATION.md"), "{err}");
+    assert!(!err.contains("S3cr3t") && !out.contains("S3cr3t"), "{err}");
+    // A malformed address with a password: named, without the password.
+    let bad = "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://u:BadUrlPw-S3cr3t@nats//x 4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, _, err) = check(bad, &[]);
+    assert!(!ok);
+    assert!(err.contains("sink.nats.url") && err.contains("not a NATS server address"), "{err}");
+    assert!(!err.contains("S3cr3t"), "{err}");
+    let store = "[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats//127.0.0.1 14222\"\n[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, _, err) = check(store, &[]);
+    assert!(!ok);
+    assert!(err.contains("checkpoint.nats.url") && err.contains("scheme://host:port"), "{err}");
+}

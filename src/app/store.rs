@@ -144,7 +144,7 @@ pub(super) async fn nats_client(config: &Config, sink: &Sink) -> Result<async_na
     match (&config.checkpoint.nats.url, sink.nats()) {
         (None, Some(n)) => Ok(n.client().clone()),
         (Some(url), _) => async_nats::connect(url.as_str()).await.map_err(|e| CheckpointError::Broker {
-            what: format!("checkpoint.nats.url {url:?}"),
+            what: format!("checkpoint.nats.url {:?}", crate::sink::secret::url_for_display(url)),
             cause: e.to_string(),
         }),
         (None, None) => unreachable!("checked by the config"),

@@ -240,7 +240,7 @@ impl Config {
             (SinkType::Kafka, _, Some(k), _) => format!("kafka {} topic {}", k.brokers, k.topic),
             (SinkType::Nats, _, _, Some(n)) => format!(
                 "nats {} subject {} ({})",
-                n.url,
+                crate::sink::secret::url_for_display(&n.url),
                 n.subject,
                 if n.jetstream { "JetStream" } else { "core NATS, at-most-once" }
             ),

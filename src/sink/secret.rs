@@ -15,8 +15,40 @@ pub fn resolve(v: &str) -> Result<String, String> {
     Ok(v.to_string())
 }
 
+/// `url` (one or more, comma-separated) as it may be shown: a password or a token in a URL's
+/// user part replaced by `***` (`nats://user:***@host`, `nats://***@host`).
+pub fn url_for_display(url: &str) -> String {
+    url.split(',')
+        .map(|one| {
+            let (scheme, rest) = one.split_once("://").map_or(("", one), |(s, r)| (s, r));
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let Some(at) = rest[..authority_end].rfind('@') else { return one.to_string() };
+            let user = match rest[..at].split_once(':') {
+                Some((user, _)) => format!("{user}:***"),
+                // A user part without a password is a token.
+                None => "***".to_string(),
+            };
+            let sep = if scheme.is_empty() { "" } else { "://" };
+            format!("{scheme}{sep}{user}@{}", &rest[at + 1..])
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn urls_are_shown_without_their_secrets() {
+        use super::url_for_display as shown;
+        assert_eq!(shown("nats://nats:4222"), "nats://nats:4222");
+        assert_eq!(shown("nats://kubecast:S3cr3t@nats:4222"), "nats://kubecast:***@nats:4222");
+        assert_eq!(shown("nats://T0ken@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(shown("tls://a:p@x:1, nats://y:2"), "tls://a:***@x:1, nats://y:2");
+        assert_eq!(shown("u:p@host:4222"), "u:***@host:4222");
+        assert_eq!(shown("nats://a:p@@b@host"), "nats://a:***@host");
+        assert_eq!(shown("nats://host/path@x"), "nats://host/path@x");
+    }
+
     #[test]
     fn references() {
         assert_eq!(super::resolve("plain").unwrap(), "plain");

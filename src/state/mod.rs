@@ -155,6 +155,12 @@ impl CheckpointConfig {
         }
         if self.kafka.brokers.is_some() {
             out.extend(crate::sink::kafka::security::problems("checkpoint.kafka.properties", &self.kafka.properties));
+            out.extend(crate::sink::kafka::properties::problems("checkpoint.kafka.properties", &self.kafka.properties));
+        }
+        if let Some(url) = &self.nats.url
+            && let Some((message, fix)) = crate::sink::nats::url_problem(url)
+        {
+            out.push(Problem::new("checkpoint.nats.url", message, fix));
         }
         if self.store == StoreKind::Kafka && self.kafka.topic.trim().is_empty() {
             out.push(Problem::new("checkpoint.kafka.topic", "must not be empty", "e.g. \"kubecast-state\""));

@@ -100,7 +100,7 @@ impl KafkaSink {
         )
         // The error names the property, never its value.
         .map_err(|e| {
-            let e = e.to_string();
+            let e = super::properties::describe(&e);
             match super::security::fix_for(&e) {
                 Some(fix) => SinkError::Config(format!("Kafka producer: {e} (fix: {fix})")),
                 None => SinkError::Config(format!("Kafka producer: {e}")),

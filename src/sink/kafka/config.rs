@@ -111,6 +111,7 @@ impl KafkaConfig {
             out.push(Problem::new("sink.kafka.topic", e, format!("e.g. {DEFAULT_TOPIC:?}")));
         }
         out.extend(super::security::problems("sink.kafka.properties", &self.properties));
+        out.extend(super::properties::problems("sink.kafka.properties", &self.properties));
         for (k, v) in &self.properties {
             if k == "bootstrap.servers" {
                 out.push(Problem::new(

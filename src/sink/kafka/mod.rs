@@ -17,6 +17,7 @@ mod encode;
 mod limits;
 mod logging;
 mod producer;
+pub mod properties;
 mod rejected;
 pub mod roles;
 pub mod security;

@@ -40,7 +40,7 @@ impl NatsSink {
         let client = opts
             .connect(cfg.url.as_str())
             .await
-            .map_err(|e| SinkError::Config(format!("sink.nats.url {:?}: {e}", cfg.url)))?;
+            .map_err(|e| SinkError::Config(format!("sink.nats.url {:?}: {e}", secret::url_for_display(&cfg.url))))?;
         let ack_timeout = Duration::from_millis(cfg.ack_timeout_ms);
         let js = cfg.jetstream.then(|| {
             jetstream::ContextBuilder::new()
@@ -66,7 +66,7 @@ impl NatsSink {
         while !sink.is_connected() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        info!(url = %cfg.url, subject = %cfg.subject, jetstream = cfg.jetstream, mode = ?cfg.mode, connected = sink.is_connected(), "NATS client created");
+        info!(url = %secret::url_for_display(&cfg.url), subject = %cfg.subject, jetstream = cfg.jetstream, mode = ?cfg.mode, connected = sink.is_connected(), "NATS client created");
         Ok(sink)
     }
 
@@ -273,6 +273,7 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
     if let (Some(cert), Some(key)) = (&cfg.tls.cert_file, &cfg.tls.key_file) {
         opts = opts.add_client_certificate(cert.clone(), key.clone());
     }
+    let server = Arc::new(secret::url_for_display(&cfg.url));
     Ok(opts
         .name(&cfg.name)
         .retry_on_initial_connect()
@@ -284,6 +285,7 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
         })
         .event_callback(move |event| {
             let connected = connected.clone();
+            let server = server.clone();
             async move {
                 match &event {
                     async_nats::Event::Connected => {
@@ -304,7 +306,11 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
                         connected.store(false, Ordering::Relaxed);
                         error!(target: "kubecast::nats", "NATS refused the credentials: {e} (fix: check sink.nats user/password, token, nkey_seed or credentials_file)");
                     }
-                    async_nats::Event::ClientError(e) => error!(target: "kubecast::nats", "NATS client error: {e}"),
+                    async_nats::Event::ClientError(e) => error!(
+                        target: "kubecast::nats",
+                        url = %server,
+                        "NATS client error: {e} (fix: check sink.nats.url, and that the NATS server runs and is reachable from here)"
+                    ),
                     other => info!(target: "kubecast::nats", "NATS: {other}"),
                 }
             }

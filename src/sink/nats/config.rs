@@ -145,17 +145,33 @@ fn one() -> usize {
     1
 }
 
+/// What is wrong with `url` (one or more NATS server addresses, comma-separated), shown
+/// without its secrets, and the fix.
+pub fn url_problem(url: &str) -> Option<(String, &'static str)> {
+    if url.trim().is_empty() {
+        return Some(("is empty".into(), "set the server URL(s), e.g. \"nats://nats:4222\""));
+    }
+    for u in url.split(',').map(str::trim) {
+        // `scheme://[user[:password]@]host[:port]`: async-nats' parser takes more (a path,
+        // spaces), which would only fail when connecting, again and again.
+        let authority = u.split_once("://").map_or(u, |(_, rest)| rest).trim_end_matches('/');
+        if u.is_empty() || u.parse::<async_nats::ServerAddr>().is_err() || authority.contains(['/', ' ', '\t']) {
+            let shown = crate::sink::secret::url_for_display(u);
+            return Some((
+                format!("{shown:?} is not a NATS server address"),
+                "write scheme://host:port, e.g. \"nats://nats:4222\" (several: comma-separated)",
+            ));
+        }
+    }
+    None
+}
+
 impl NatsConfig {
     pub fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let mut p = |k: &str, m: String, f: &str| out.push(Problem::new(format!("sink.nats.{k}"), m, f));
-        if self.url.trim().is_empty() {
-            p("url", "is empty".into(), "set the server URL(s), e.g. \"nats://nats:4222\"");
-        }
-        for u in self.url.split(',') {
-            if !u.trim().is_empty() && u.trim().parse::<async_nats::ServerAddr>().is_err() {
-                p("url", format!("{:?} is not a NATS server address", u.trim()), "write e.g. \"nats://nats:4222\"");
-            }
+        if let Some((m, f)) = url_problem(&self.url) {
+            p("url", m, f);
         }
         if let Err(e) = subject_template(&self.subject) {
             p("subject", e, &format!("e.g. {DEFAULT_SUBJECT:?}"));

@@ -26,5 +26,6 @@ mod reconnect;
 pub use client::NatsSink;
 pub use config::{
     DEFAULT_SUBJECT, Mode, NatsConfig, Storage, StreamSettings, TlsSettings, clean_subject_token, subject_template,
+    url_problem,
 };
 pub use encode::encode;

@@ -29,6 +29,7 @@ use super::record::{Loader, PositionRecord, encode_object, object_key, position_
 use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
 use crate::sink::kafka::LogContext;
+use crate::sink::kafka::properties::describe;
 use crate::sink::kafka::roles::{for_consumer, for_producer};
 use crate::sink::kafka::transaction::{Record, TIMEOUT, Transaction, TxnError};
 
@@ -222,7 +223,9 @@ async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
 
 /// An admin client (librdkafka runs it as a producer: the producer's properties).
 fn admin_client(cfg: &KafkaStoreConfig, what: &str) -> Result<AdminClient<LogContext>, CheckpointError> {
-    for_producer(&cfg.client).create_with_context(LogContext).map_err(|e| broker(what, format!("admin client: {e}")))
+    for_producer(&cfg.client)
+        .create_with_context(LogContext)
+        .map_err(|e| broker(what, format!("admin client: {}", describe(&e))))
 }
 
 /// Whether the topic exists (a metadata request that never creates topics).
@@ -230,7 +233,7 @@ async fn topic_exists(cfg: &KafkaStoreConfig, what: &str) -> Result<bool, Checkp
     let mut cc = for_consumer(&cfg.client);
     cc.set("allow.auto.create.topics", "false").set("group.id", "kubecast-state-check");
     let consumer: BaseConsumer<LogContext> =
-        cc.create_with_context(LogContext).map_err(|e| broker(what, format!("client: {e}")))?;
+        cc.create_with_context(LogContext).map_err(|e| broker(what, format!("client: {}", describe(&e))))?;
     let topic = cfg.topic.clone();
     let what = what.to_string();
     tokio::task::spawn_blocking(move || {
@@ -264,7 +267,7 @@ fn read_to_end(
         .set("fetch.wait.max.ms", "10")
         .set("auto.offset.reset", "earliest");
     let consumer: BaseConsumer<LogContext> =
-        cc.create_with_context(LogContext).map_err(|e| broker(&what, format!("consumer: {e}")))?;
+        cc.create_with_context(LogContext).map_err(|e| broker(&what, format!("consumer: {}", describe(&e))))?;
     let md = consumer.fetch_metadata(Some(topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
     let partitions: Vec<i32> = md
         .topics()

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use super::context::TxnContext;
 use super::error::{TxnError, classify};
+use crate::sink::kafka::properties::describe;
 
 /// How long `init_transactions` may take.
 const INIT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,7 +54,7 @@ pub(super) fn new_producer(
 ) -> Result<ThreadedProducer<TxnContext>, TxnError> {
     let producer: ThreadedProducer<TxnContext> = config
         .create_with_context(TxnContext { connected: connected.clone(), poison: poison.clone() })
-        .map_err(|e| TxnError::Retriable(format!("{what}: {e}")))?;
+        .map_err(|e| TxnError::Retriable(format!("{what}: {}", describe(&e))))?;
     producer.init_transactions(INIT_TIMEOUT).map_err(|e| classify(what, &e))?;
     Ok(producer)
 }
