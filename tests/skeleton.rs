@@ -304,3 +304,17 @@ async fn forbidden_resource_is_a_clear_error_naming_the_resource() {
     let log = kc.log();
     assert!(log.contains("forbidden") && log.contains("configmaps") && log.contains(&ns.name), "{log}");
 }
+
+#[tokio::test]
+async fn a_selector_the_apiserver_refuses_is_a_clear_error_naming_it() {
+    // Valid syntax (check-config passes it), but no such field label: the apiserver answers
+    // 400 to every list and watch. kubecast stops naming the key instead of retrying forever.
+    let mut kc = Kubecast::start(
+        "[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nfield_selector = \"metadata.nam==x\"\n",
+    );
+    let status = kc.wait_exit(WAIT).await;
+    assert!(!status.success(), "{}", kc.log());
+    let log = kc.log();
+    assert!(log.contains("resources[0]") && log.contains("refuses the selector"), "{log}");
+    assert!(log.contains("metadata.nam") && log.contains("field_selector"), "{log}");
+}

@@ -137,6 +137,9 @@ impl Reflector {
             }
             _ => {}
         }
+        if let Some(fatal) = self.spec.refused_selector(&e) {
+            return Err(fatal);
+        }
         warn!(stream = %self.spec.name, error = %e, "list failed; retrying after backoff");
         Ok(State::Backoff { then: Box::new(State::Listing { origin }) })
     }

@@ -99,9 +99,29 @@ pub enum ReflectorError {
     Forbidden { index: usize, stream: String, resource: String, message: String },
     #[error("resources[{index}] ({stream}): {message}")]
     Kind { index: usize, stream: String, message: String },
+    #[error(
+        "resources[{index}] ({stream}): the apiserver refuses the selector: {message} (fix: correct resources[{index}].field_selector or label_selector; field selectors take metadata.name, metadata.namespace and the fields the kind itself supports, e.g. status.phase or spec.nodeName for Pods)"
+    )]
+    Selector { index: usize, stream: String, message: String },
 }
 
 impl StreamSpec {
+    /// `e` as a fatal error when it is the apiserver refusing this stream's selector (400 on a
+    /// stream that has one; the apiserver names the field label or the requirement it cannot
+    /// take): no retry would be answered differently.
+    pub(super) fn refused_selector(&self, e: &kube::Error) -> Option<ReflectorError> {
+        let kube::Error::Api(s) = e else { return None };
+        let (label, field) = self.selectors();
+        let about_selector = ["field label", "selector", "unable to parse requirement"]
+            .iter()
+            .any(|m| s.message.to_ascii_lowercase().contains(m));
+        (s.code == 400 && (label.is_some() || field.is_some()) && about_selector).then(|| ReflectorError::Selector {
+            index: self.resource_index,
+            stream: self.name.clone(),
+            message: s.message.clone(),
+        })
+    }
+
     /// The label and field selectors as the list and the watch requests take them (`None`:
     /// not set): both requests select the same objects.
     pub(super) fn selectors(&self) -> (Option<String>, Option<String>) {

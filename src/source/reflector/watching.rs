@@ -37,6 +37,7 @@ impl Reflector {
                 warn!(stream = %self.spec.name, "the kind is no longer served; rediscovering");
                 return Ok(Ok(State::WaitForKind));
             }
+            Err(e) if let Some(fatal) = self.spec.refused_selector(&e) => return Err(fatal),
             Err(e) => {
                 warn!(stream = %self.spec.name, error = %e, "watch request failed; re-watching after backoff");
                 return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
