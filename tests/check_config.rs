@@ -148,6 +148,12 @@ const BAD: &[BadCase] = &[
     ),
     ("wrong type", "[cluster]\nname = 5", &[], &["cluster.name", "wrong type", "string"]),
     (
+        "a lease name the apiserver refuses",
+        "[coordination]\nenabled = true\nlease_name = \"Bad_Name!\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.lease_name", "\"Bad_Name!\" is not a Lease name", "kubecast-prod"],
+    ),
+    (
         "a negative number where a count goes",
         "[delivery]\nmax_in_flight = -5",
         &[],

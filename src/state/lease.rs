@@ -84,6 +84,14 @@ fn d_shards() -> u32 {
     1
 }
 
+/// A Kubernetes object name of the DNS subdomain kind (RFC 1123): what a Lease's name must be.
+fn is_dns_subdomain(name: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    edge(name.chars().next())
+        && edge(name.chars().last())
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
+}
+
 impl CoordinationConfig {
     /// Problems with `[coordination]`.
     pub fn problems(&self) -> Vec<Problem> {
@@ -119,6 +127,16 @@ impl CoordinationConfig {
         }
         if self.lease_name.is_empty() {
             out.push(Problem::new("coordination.lease_name", "must not be empty", "e.g. \"kubecast\""));
+        } else if !is_dns_subdomain(&self.lease_name) || self.lease_name.len() > 253 - "-256-of-256".len() {
+            // The apiserver refuses other names (422), at every attempt to take the Lease.
+            out.push(Problem::new(
+                "coordination.lease_name",
+                format!(
+                    "{:?} is not a Lease name: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit, at most 242 characters",
+                    self.lease_name
+                ),
+                "e.g. \"kubecast\" or \"kubecast-prod\"",
+            ));
         }
         out
     }

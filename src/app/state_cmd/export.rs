@@ -53,9 +53,24 @@ impl Export {
             ));
         }
         let doc: Export = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
+        let mut seen = std::collections::HashSet::new();
         for s in &doc.streams {
             if s.id != s.key.id() {
                 return Err(format!("stream {:?}: its id does not match its key (edited?)", s.id));
+            }
+            if !seen.insert(&s.id) {
+                return Err(format!("stream {:?} is in the file twice (fix: keep one of them)", s.id));
+            }
+            // The apiserver's resourceVersions are etcd revisions: decimal numbers. Anything
+            // else would be refused at every watch (and "" would start one at the current
+            // state, sending every object again as a change).
+            if let Some(rv) = &s.resource_version
+                && (rv.is_empty() || !rv.bytes().all(|b| b.is_ascii_digit()))
+            {
+                return Err(format!(
+                    "stream {:?}: resource_version {rv:?} is not a resourceVersion (a decimal number) (fix: the number the export gave, or null to list the resource again)",
+                    s.id
+                ));
             }
         }
         Ok(doc)

@@ -318,7 +318,9 @@ fn pick(stream: &str, ids: &[String], place: &str) -> Result<usize, StateError> 
     if let Some(i) = ids.iter().position(|id| id == stream) {
         return Ok(i);
     }
-    let matches: Vec<usize> = (0..ids.len()).filter(|&i| ids[i].starts_with(stream)).collect();
+    // An empty id (an unset shell variable) is the start of every id: never a choice.
+    let matches: Vec<usize> =
+        (0..ids.len()).filter(|&i| !stream.trim().is_empty() && ids[i].starts_with(stream)).collect();
     match matches.as_slice() {
         [i] => Ok(*i),
         [] => Err(StateError::NoSuchStream {

@@ -68,10 +68,29 @@ fn other_formats_and_edited_ids_are_refused() {
 }
 
 #[test]
+fn resume_points_that_are_no_resource_versions_and_streams_twice_are_refused() {
+    for bad in ["abc", "", "12a"] {
+        let mut v = serde_json::to_value(doc()).unwrap();
+        v["streams"][0]["resource_version"] = bad.into();
+        let e = Export::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert!(e.contains("is not a resourceVersion") && e.contains("fix:"), "{bad:?}: {e}");
+    }
+    let mut v = serde_json::to_value(doc()).unwrap();
+    v["streams"][0]["resource_version"] = serde_json::Value::Null;
+    Export::parse(&serde_json::to_vec(&v).unwrap()).expect("null: list again");
+    let mut v = serde_json::to_value(doc()).unwrap();
+    let first = v["streams"][0].clone();
+    v["streams"].as_array_mut().unwrap().push(first);
+    let e = Export::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+    assert!(e.contains("in the file twice"), "{e}");
+}
+
+#[test]
 fn streams_are_picked_by_id_or_unique_prefix() {
     let ids = vec!["configmap.core.v1.ns-a.1111".to_string(), "configmap.core.v1.ns-ab.2222".to_string()];
     assert_eq!(pick("configmap.core.v1.ns-a.1111", &ids, "x").unwrap(), 0);
     assert_eq!(pick("configmap.core.v1.ns-ab", &ids, "x").unwrap(), 1);
     assert!(matches!(pick("configmap.core.v1.ns-a", &ids, "x"), Err(StateError::Ambiguous { .. })));
     assert!(matches!(pick("secret", &ids, "x"), Err(StateError::NoSuchStream { .. })));
+    assert!(matches!(pick("", &ids[..1], "x"), Err(StateError::NoSuchStream { .. })), "an empty id picks nothing");
 }
