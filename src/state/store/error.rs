@@ -1,6 +1,17 @@
 //! [`CheckpointError`]: why a store could not be opened, read or written.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The files of the file store that hold the stream `path` belongs to (` (a.json and
+/// a.journal)`), or nothing for a record of a broker store.
+fn files_of(path: &Path) -> String {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json" | "journal") => {
+            format!(" ({} and {})", path.with_extension("json").display(), path.with_extension("journal").display())
+        }
+        _ => String::new(),
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -11,7 +22,8 @@ pub enum CheckpointError {
     #[error("checkpoint {path} cannot be read: {cause}")]
     Read { path: PathBuf, cause: std::io::Error },
     #[error(
-        "checkpoint {path} is corrupt ({cause}); kubecast will not guess where to resume (fix: restore it, or delete the stream's state to start the stream over: it then emits its initial list again, per `initial`)"
+        "checkpoint {path} is corrupt ({cause}); kubecast will not guess where to resume (fix: restore it, or delete the stream's state{} to start the stream over: it then emits its initial list again, per `initial`)",
+        files_of(path)
     )]
     Corrupt { path: PathBuf, cause: String },
     #[error(

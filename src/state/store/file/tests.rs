@@ -91,6 +91,9 @@ fn a_torn_last_line_is_cut_off_and_a_bad_line_inside_is_an_error() {
     fs::write(store.journal_path(&k), lines).unwrap();
     let err = store.load(&k).unwrap_err().to_string();
     assert!(err.contains(".journal") && err.contains("line 1") && err.contains("corrupt"), "{err}");
+    // The fix names the stream's two files.
+    let json = store.journal_path(&k).with_extension("json");
+    assert!(err.contains(&format!("{} and {}", json.display(), store.journal_path(&k).display())), "{err}");
 }
 
 #[test]
