@@ -34,6 +34,17 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::State { config, command } => {
             let cfg = Config::load(config.as_deref())?;
+            if config.is_none() {
+                // The state of which deployment: say so when it is the defaults'.
+                let place = match cfg.checkpoint.store {
+                    kubecast::state::StoreKind::File => format!("directory {}", cfg.checkpoint.dir.display()),
+                    other => format!("the {other} store"),
+                };
+                eprintln!(
+                    "kubecast: note: no --config (nor KUBECAST_CONFIG): the embedded defaults, cluster {:?}, state in {place}",
+                    cfg.cluster.name
+                );
+            }
             let rt = kubecast::app::runtime::build().context("starting the runtime")?;
             rt.block_on(kubecast::app::state_cmd::run(cfg, command))?;
             Ok(())

@@ -154,6 +154,12 @@ const BAD: &[BadCase] = &[
         &["coordination.lease_name", "\"Bad_Name!\" is not a Lease name", "kubecast-prod"],
     ),
     (
+        "an admin address without a port",
+        "[admin]\nlisten = \"notanaddr\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["admin.listen", "\"notanaddr\" is not an address to listen on", "0.0.0.0:9090"],
+    ),
+    (
         "a negative number where a count goes",
         "[delivery]\nmax_in_flight = -5",
         &[],

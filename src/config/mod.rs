@@ -89,6 +89,7 @@ impl Config {
         out.extend(self.delivery.problems(self.sink.is_broker()));
         out.extend(self.telemetry.problems());
         out.extend(self.coordination.problems());
+        out.extend(self.admin.problems());
         if self.resources.is_empty() {
             out.push(Problem::new(
                 "resources",

@@ -74,7 +74,7 @@ impl DeadLetter {
         match &self.target {
             Target::Stop => Ok(()),
             Target::File { path, file } => file
-                .get_or_try_init(|| FileSink::open(path.clone()))
+                .get_or_try_init(|| FileSink::open(path.clone(), "delivery.dead_letter.path"))
                 .await
                 .map(|_| ())
                 .map_err(|e| fail(format!("[delivery.dead_letter] path {}: {e}", path.display()))),
@@ -183,7 +183,10 @@ async fn write_file(
     destination: &str,
     reason: &str,
 ) -> Result<(), String> {
-    let sink = file.get_or_try_init(|| FileSink::open(path.to_path_buf())).await.map_err(|e| e.to_string())?;
+    let sink = file
+        .get_or_try_init(|| FileSink::open(path.to_path_buf(), "delivery.dead_letter.path"))
+        .await
+        .map_err(|e| e.to_string())?;
     let mut line = serde_json::to_vec(&json!({
         "reason": reason,
         "destination": destination,

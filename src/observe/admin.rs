@@ -32,6 +32,22 @@ impl Default for AdminConfig {
     }
 }
 
+impl AdminConfig {
+    /// Problems with `[admin]`: `listen` is `""` or `host:port`.
+    pub fn problems(&self) -> Vec<crate::model::Problem> {
+        let l = self.listen.trim();
+        let port_ok = l.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if l.is_empty() || port_ok {
+            return Vec::new();
+        }
+        vec![crate::model::Problem::new(
+            "admin.listen",
+            format!("{:?} is not an address to listen on", self.listen),
+            "write host:port, e.g. \"0.0.0.0:9090\" (all interfaces) or \"127.0.0.1:9090\", or \"\" for no admin server",
+        )]
+    }
+}
+
 fn default_listen() -> String {
     "0.0.0.0:9090".into()
 }

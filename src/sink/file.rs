@@ -51,7 +51,8 @@ struct Writer {
 }
 
 impl FileSink {
-    pub async fn open(path: PathBuf) -> Result<Self, SinkError> {
+    /// `key`: the setting that names the file, for errors (`sink.path`).
+    pub async fn open(path: PathBuf, key: &'static str) -> Result<Self, SinkError> {
         let open = || -> std::io::Result<(File, u64, bool)> {
             let file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
             let regular = file.metadata()?.file_type().is_file();
@@ -69,7 +70,7 @@ impl FileSink {
             let len = file.metadata()?.len();
             Ok((file, len, true))
         };
-        let (file, len, regular) = open().map_err(|cause| SinkError::Open { path: path.clone(), cause })?;
+        let (file, len, regular) = open().map_err(|cause| SinkError::Open { key, path: path.clone(), cause })?;
         Ok(Self {
             path,
             file: Arc::new(file),
@@ -171,20 +172,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
         std::fs::write(&path, b"{\"a\":1}\n{\"b\":").unwrap();
-        let sink = FileSink::open(path.clone()).await.unwrap();
+        let sink = FileSink::open(path.clone(), "sink.path").await.unwrap();
         sink.write_line(b"{\"c\":3}\n").await.unwrap();
         sink.write_line(b"{\"d\":4}\n").await.unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n{\"c\":3}\n{\"d\":4}\n");
         std::fs::write(&path, b"no newline at all").unwrap();
         drop(sink);
-        let sink = FileSink::open(path.clone()).await.unwrap();
+        let sink = FileSink::open(path.clone(), "sink.path").await.unwrap();
         sink.write_line(b"x\n").await.unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "x\n");
     }
 
     #[tokio::test]
     async fn a_device_or_pipe_is_written_without_fsync_or_cutting_back() {
-        let sink = FileSink::open("/dev/null".into()).await.unwrap();
+        let sink = FileSink::open("/dev/null".into(), "sink.path").await.unwrap();
         assert!(!sink.regular);
         sink.write_line(b"{}\n").await.unwrap();
     }
@@ -193,7 +194,7 @@ mod tests {
     async fn concurrent_sends_all_land_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("events.jsonl");
-        let sink = Arc::new(FileSink::open(path.clone()).await.unwrap());
+        let sink = Arc::new(FileSink::open(path.clone(), "sink.path").await.unwrap());
         let sends: Vec<_> = (0..200)
             .map(|i| {
                 let sink = sink.clone();

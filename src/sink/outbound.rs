@@ -9,10 +9,8 @@ use crate::model::{CloudEvent, Fields};
 /// Errors opening or closing a sink (fatal at start).
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
-    #[error(
-        "cannot open sink file {path}: {cause} (fix: check sink.path and that its directory exists and is writable)"
-    )]
-    Open { path: std::path::PathBuf, cause: std::io::Error },
+    #[error("cannot open file {path}: {cause} (fix: check {key} and that its directory exists and is writable)")]
+    Open { key: &'static str, path: std::path::PathBuf, cause: std::io::Error },
     #[error("sink: {0}")]
     Config(String),
     #[error("flush failed: {0}")]

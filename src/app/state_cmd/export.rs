@@ -45,14 +45,27 @@ impl Export {
         struct Versioned {
             format: u32,
         }
-        let v: Versioned = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
+        const FIX: &str = "(fix: give a file that `kubecast state export` wrote)";
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| *b != b'{') {
+            return Err(format!("not a kubecast state export: it is not a JSON object {FIX}"));
+        }
+        let v: Versioned = serde_json::from_slice(bytes).map_err(|e| {
+            let what = if e.is_data() {
+                "it is not a JSON object with a \"format\" number".to_string()
+            } else {
+                // Syntax or a cut-off file: where.
+                e.to_string()
+            };
+            format!("not a kubecast state export: {what} {FIX}")
+        })?;
         if v.format != EXPORT_FORMAT {
             return Err(format!(
                 "export format {} (this kubecast reads format {EXPORT_FORMAT}; import it with the kubecast version that exported it)",
                 v.format
             ));
         }
-        let doc: Export = serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e}"))?;
+        let doc: Export =
+            serde_json::from_slice(bytes).map_err(|e| format!("not a kubecast state export: {e} {FIX}"))?;
         let mut seen = std::collections::HashSet::new();
         for s in &doc.streams {
             if s.id != s.key.id() {

@@ -136,7 +136,8 @@ pub enum StateError {
         "reset and import write the state of the streams as one active process keeps it, and this config has [coordination] shards = {shards}, whose positions are kept per shard (fix: list, show and export work on it; to start the streams over, follow the change of shard count in docs/sharding.md)"
     )]
     Sharded { shards: u32 },
-    #[error("writing the output: {0}")]
+    // The cause follows as the source (main prints the chain).
+    #[error("writing the output")]
     Output(#[from] std::io::Error),
 }
 

@@ -64,7 +64,9 @@ fn other_formats_and_edited_ids_are_refused() {
     v["streams"][0]["key"]["namespace"] = "other".into();
     let e = Export::parse(&serde_json::to_vec(&v).unwrap()).unwrap_err();
     assert!(e.contains("does not match"), "{e}");
-    assert!(Export::parse(b"[]").unwrap_err().contains("not a kubecast state export"));
+    let e = Export::parse(b"[]").unwrap_err();
+    assert!(e.contains("not a kubecast state export") && e.contains("fix:"), "{e}");
+    assert!(!e.contains("Versioned"), "no internal name: {e}");
 }
 
 #[test]

@@ -163,6 +163,10 @@ impl Reflector {
                 self.spec.health.set_phase(self.spec.id, StreamPhase::WaitingForKind);
                 return Ok(State::WaitForKind);
             }
+            Err(kube::Error::Api(s)) if s.code == 401 => {
+                warn!(stream = %self.spec.name, error = %s.message, "discovery failed: the apiserver does not accept kubecast's credentials (401); retrying after backoff (fix: check the kubeconfig's user, or the service account token: expired, revoked or of another cluster)");
+                return Ok(State::Backoff { then: Box::new(State::Discover) });
+            }
             Err(e) => {
                 warn!(stream = %self.spec.name, error = %e, "discovery failed; retrying after backoff");
                 return Ok(State::Backoff { then: Box::new(State::Discover) });
