@@ -54,6 +54,11 @@ fn first_in_window(msg: &str) -> Option<u64> {
     }
 }
 
+/// What a logged line says of the `n` like it left out before it (nothing when none were).
+fn left_out(n: u64) -> String {
+    if n == 0 { String::new() } else { format!(" (and {n} more like it in the last {} s)", REPEAT_WINDOW.as_secs()) }
+}
+
 /// The fix of a failure to reach a broker at all.
 fn reach_fix(msg: &str) -> Option<&'static str> {
     const UNREACHABLE: [&str; 5] =
@@ -84,11 +89,7 @@ pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
     } else {
         0
     };
-    let msg = if repeats > 0 {
-        format!("{msg} (and {repeats} more like it in the last {} s)", REPEAT_WINDOW.as_secs())
-    } else {
-        msg.to_string()
-    };
+    let msg = format!("{msg}{}", left_out(repeats));
     match (level, fix) {
         (
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error,
@@ -119,11 +120,7 @@ pub fn log_level(cc: &ClientConfig) -> RDKafkaLogLevel {
 /// failures and unreachable brokers; repeats as in [`log`].
 pub(super) fn client_error(error: &KafkaError, reason: &str) {
     let Some(repeats) = first_in_window(&format!("client error: {reason}")) else { return };
-    let more = if repeats > 0 {
-        format!(" (and {repeats} more like it in the last {} s)", REPEAT_WINDOW.as_secs())
-    } else {
-        String::new()
-    };
+    let more = left_out(repeats);
     match super::security::fix_for(reason).or_else(|| reach_fix(reason)) {
         Some(fix) => error!(target: "kubecast::kafka", error = %error, fix, "Kafka client error: {reason}{more}"),
         None => error!(target: "kubecast::kafka", error = %error, "Kafka client error: {reason}{more}"),
