@@ -7,17 +7,19 @@
 //!
 //! Per rate, in a fresh topic whose records carry the broker's append time
 //! (`message.timestamp.type = LogAppendTime`):
-//! - a thread of its own stands for the apiserver's connection: it hands each recorded watch line
-//!   (~8 KB Pods, see `common::record`) at its due time to a task that decodes it as the
-//!   reflector does and sends the item on, waking the runtime from outside as a socket does;
+//! - a thread of its own stands for the apiserver: it answers a watch request with each recorded
+//!   watch line (~8 KB Pods, see `common::record`) written at its due time as a chunk of its
+//!   own, as the apiserver flushes each event; a task reads that watch through kubecast's
+//!   apiserver client (its connections gather events that come fast: `--gather-ms`, default
+//!   `cluster.watch_gather_ms`'s), decodes each line as the reflector does and sends the item on;
 //! - kubecast's real wiring takes it from there (shaping, the queue, the Kafka sink with
 //!   delivery reports, acknowledgements, the persister), as `kubecast run` starts them;
 //! - measured from the first line to the last acknowledgement: the process's CPU time and
 //!   context switches (voluntary + involuntary, every thread, `getrusage`), less the feeding
 //!   thread's own, per event; per thread kind (`rdk:broker`, `tokio-runtime-worker`, ...) too;
 //! - afterwards the topic is read back: per record, the broker's append time (the broker
-//!   acknowledges right after it) minus the event's `ce_time` (made by the shaping stage),
-//!   p50 / p99 / max.
+//!   acknowledges right after it) minus the time its line was due to be written (so the time
+//!   it waited on the connection counts), p50 / p99 / max.
 //!
 //! Needs the test Kafka: it runs `tests/env/up kafka` (idempotent; left running). Under
 //! `perf record -g -p <pid>` it shows where the CPU of one rate goes (`--rates 1500`).
@@ -27,15 +29,18 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use kubecast::app::wiring::{CHANNEL_CAPACITY, Pipeline};
 use kubecast::model::{Effect, EventSource, IndexOp, ObjectIndex};
 use kubecast::sink::Sink;
+use kubecast::source::gather::Gather;
 use kubecast::source::reflector::Item;
 use kubecast::state::store::file::FileStore;
 use kubecast::state::store::{Delta, Owner, Store};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
+use std::io::{Read as _, Write as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -59,22 +64,27 @@ async fn run() {
     let seconds: f64 = common::arg("--seconds").map_or(10.0, |s| s.parse().expect("--seconds S"));
     let partitions: i32 = common::arg("--partitions").map_or(6, |p| p.parse().expect("--partitions N"));
     let rounds = common::arg("--rounds").map_or(1, |r| r.parse::<usize>().expect("--rounds N")).max(1);
+    // `--gather-ms N`: the watch connection's gathering window (`cluster.watch_gather_ms`).
+    let gather_ms: u32 = common::arg("--gather-ms")
+        .map_or(kubecast::source::client::ClusterConfig::default().watch_gather_ms, |g| {
+            g.parse().expect("--gather-ms N")
+        });
     let env = common::env_up("kafka");
     let brokers = common::env_value(&env, "KAFKA_BROKERS");
     let most = rates.iter().map(|&r| (f64::from(r) * seconds) as usize).max().unwrap_or(0);
     let recording = common::record(most.min(RECORDED));
     println!(
-        "{} recorded Pods (~{:.1} KB each), {seconds} s per rate, topics of {partitions} partitions, {rounds} round(s)",
+        "{} recorded Pods (~{:.1} KB each), {seconds} s per rate, topics of {partitions} partitions, {rounds} round(s), watch gathered for {gather_ms} ms",
         recording.len(),
         recording.iter().map(bytes::Bytes::len).sum::<usize>() as f64 / recording.len() as f64 / 1024.0
     );
     // Warms the broker and the allocator outside the measurements.
-    steady(&brokers, &recording, 500, 500, partitions).await;
+    steady(&brokers, &recording, 500, 500, partitions, gather_ms).await;
     let mut figures: Vec<(u32, Vec<Figures>)> = rates.iter().map(|&r| (r, Vec::new())).collect();
     for round in 0..rounds {
         for (rate, out) in &mut figures {
             let events = (f64::from(*rate) * seconds) as usize;
-            let f = steady(&brokers, &recording, *rate, events, partitions).await;
+            let f = steady(&brokers, &recording, *rate, events, partitions, gather_ms).await;
             println!("round {} at {rate}/s: {}", round + 1, f.threads);
             out.push(f);
         }
@@ -122,6 +132,7 @@ async fn steady(
     rate: u32,
     events: usize,
     partitions: i32,
+    gather_ms: u32,
 ) -> Figures {
     let topic = format!("bench.steady.{}.{}", std::process::id(), kubecast_kit::unique("r"));
     create_topic(brokers, &topic, partitions).await;
@@ -155,46 +166,66 @@ async fn steady(
     common::settle();
 
     let (threads0, usage0) = (per_thread(), usage());
-    let (lines_tx, mut lines_rx) = mpsc::channel::<bytes::Bytes>(CHANNEL_CAPACITY);
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &cancel);
-    // The reflector: decodes each line as it arrives and emits its item.
-    let reflector = tokio::spawn(async move {
-        let mut seq = 0u64;
-        while let Some(line) = lines_rx.recv().await {
-            if items_tx.send(common::item(seq, &line, &source)).await.is_err() {
-                return;
-            }
-            seq += 1;
-        }
-    });
-    // The apiserver's connection: each line at its due time, from a thread of its own.
+    // The apiserver's connection: a watch response whose every line is written at its due
+    // time (as its own chunk, as the apiserver flushes each event), from a thread of its own.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    let url = format!("http://{}", listener.local_addr().unwrap());
     let feeder = {
         let recording = recording.clone();
         std::thread::Builder::new()
             .name("feed".into())
             .spawn(move || {
                 let own0 = own_usage();
+                let (mut conn, _) = listener.accept().expect("the watch connects");
+                conn.set_nodelay(true).unwrap();
+                request_read(&mut conn);
+                conn.write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+                )
+                .unwrap();
                 let start = Instant::now();
+                let started_ms =
+                    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() * 1000.0;
                 let every = Duration::from_secs(1).as_secs_f64() / f64::from(rate.max(1));
                 for i in 0..events {
                     let due = start + Duration::from_secs_f64(every * i as f64);
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }
-                    if lines_tx.blocking_send(common::read(&recording[i % recording.len()])).is_err() {
+                    let line = &recording[i % recording.len()];
+                    let chunk = [format!("{:x}\r\n", line.len() + 1).as_bytes(), line, b"\n\r\n"].concat();
+                    if conn.write_all(&chunk).is_err() {
                         break;
                     }
                 }
+                let _ = conn.write_all(b"0\r\n\r\n");
                 let own1 = own_usage();
-                (own1.cpu - own0.cpu, own1.voluntary - own0.voluntary, own1.involuntary - own0.involuntary)
+                (own1.cpu - own0.cpu, own1.voluntary - own0.voluntary, own1.involuntary - own0.involuntary, started_ms)
             })
             .unwrap()
     };
+    // The reflector: reads the watch through kubecast's apiserver client, decodes each line as
+    // it arrives and emits its item.
+    let reflector = tokio::spawn(async move {
+        let config = kube::Config::new(url.parse().unwrap());
+        let client = kubecast::source::connect::client(config, Gather::from_millis(gather_ms)).expect("client");
+        let request = http::Request::get("/api/v1/pods?watch=true").body(Vec::new()).unwrap();
+        let response = client.send(request.map(kube::client::Body::from)).await.expect("the watch answers");
+        let mut lines = std::pin::pin!(kubecast::source::watch::lines(response.into_body()));
+        let mut seq = 0u64;
+        while let Some(line) = lines.next().await {
+            if items_tx.send(common::item(seq, &line.expect("a line"), &source)).await.is_err() {
+                return;
+            }
+            seq += 1;
+        }
+    });
     downstream.queue.await.unwrap().expect("delivered");
     let usage1 = usage();
     let threads = per_thread_split(&threads0, events);
-    let (feed_cpu, feed_voluntary, feed_involuntary) = feeder.join().unwrap();
+    let (feed_cpu, feed_voluntary, feed_involuntary, started_ms) = feeder.join().unwrap();
     reflector.await.unwrap();
     downstream.shaper.await.unwrap();
     cancel.cancel();
@@ -206,7 +237,8 @@ async fn steady(
     let cpu = usage1.cpu - usage0.cpu - feed_cpu;
     let voluntary = usage1.voluntary - usage0.voluntary - feed_voluntary;
     let switches = voluntary + usage1.involuntary - usage0.involuntary - feed_involuntary;
-    let mut ms = append_latencies(brokers, &topic, events).await;
+    let every_ms = 1000.0 / f64::from(rate.max(1));
+    let mut ms = append_latencies(brokers, &topic, events, |i| started_ms + every_ms * i as f64).await;
     delete_topic(brokers, &topic).await;
     ms.sort_by(f64::total_cmp);
     let q = |p: f64| ms[((ms.len() as f64 - 1.0) * p).round() as usize];
@@ -219,6 +251,16 @@ async fn steady(
         p99: q(0.99),
         max: q(1.0),
         threads,
+    }
+}
+
+/// Reads an HTTP request's head (the watch request) off `conn`.
+fn request_read(conn: &mut std::net::TcpStream) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(conn.read(&mut byte).expect("the request"), 1, "the request ended early");
+        head.push(byte[0]);
     }
 }
 
@@ -311,7 +353,7 @@ async fn delete_topic(brokers: &str, topic: &str) {
 
 /// Reads the `n` records of `topic`; per record, the milliseconds from its `ce_time` header
 /// (the event made) to its timestamp (the broker's append time).
-async fn append_latencies(brokers: &str, topic: &str, n: usize) -> Vec<f64> {
+async fn append_latencies(brokers: &str, topic: &str, n: usize, written_ms: impl Fn(usize) -> f64) -> Vec<f64> {
     use futures::StreamExt;
     use rdkafka::Message;
     use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -325,19 +367,26 @@ async fn append_latencies(brokers: &str, topic: &str, n: usize) -> Vec<f64> {
         .expect("consumer");
     consumer.subscribe(&[topic]).expect("subscribe");
     let mut out = Vec::with_capacity(n);
+    // Per partition, the feed position of the last record read: records of a partition are in
+    // feed order, so a record's position is the first after it with the record's
+    // resourceVersion (recorded lines repeat every RECORDED).
+    let mut last: std::collections::HashMap<i32, usize> = std::collections::HashMap::new();
     let mut stream = consumer.stream();
     let deadline = Instant::now() + Duration::from_secs(120);
     while out.len() < n && Instant::now() < deadline {
         let Ok(Some(Ok(m))) = tokio::time::timeout(Duration::from_secs(1), stream.next()).await else { continue };
-        let appended = m.timestamp().to_millis().expect("LogAppendTime");
-        let made = m
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == "ce_time").and_then(|h| h.value.map(<[u8]>::to_vec)))
-            .and_then(|t| chrono::DateTime::parse_from_rfc3339(std::str::from_utf8(&t).ok()?).ok());
-        if let Some(made) = made {
-            let made_ms = made.timestamp_micros() as f64 / 1000.0;
-            out.push(appended as f64 - made_ms);
-        }
+        let appended = m.timestamp().to_millis().expect("LogAppendTime") as f64;
+        let header = |key: &str| {
+            m.headers()
+                .and_then(|h| h.iter().find(|h| h.key == key).and_then(|h| h.value.map(<[u8]>::to_vec)))
+                .and_then(|v| String::from_utf8(v).ok())
+        };
+        let rv: usize = header("ce_resourceversion").and_then(|v| v.parse().ok()).expect("ce_resourceversion");
+        let first = rv - common::FIRST_RESOURCE_VERSION;
+        let after = last.get(&m.partition()).map_or(0, |&p| p + 1);
+        let position = if first >= after { first } else { first + (after - first).div_ceil(RECORDED) * RECORDED };
+        last.insert(m.partition(), position);
+        out.push(appended - written_ms(position));
     }
     assert_eq!(out.len(), n, "every record of {topic} read back");
     out

@@ -337,6 +337,12 @@ const BAD: &[BadCase] = &[
     ("no resources", "[cluster]\nname = \"x\"", &[], &["`resources`", "nothing would be watched"]),
     ("bad cluster name", "[cluster]\nname = \"Prod EU\"", &[], &["cluster.name", "lower-case"]),
     (
+        "a gathering window too long",
+        "[cluster]\nwatch_gather_ms = 500",
+        &[],
+        &["cluster.watch_gather_ms", "500 ms", "0 (off) to 50"],
+    ),
+    (
         "bad env override",
         "",
         &[("KUBECAST_SINK__TYPE", "nope")],

@@ -107,6 +107,29 @@ async fn metrics_count_what_happened() {
     assert_eq!(k.events().len(), 4);
 }
 
+/// A burst of changes is gathered on the watch connection (`cluster.watch_gather_ms`), and
+/// every change of it arrives, the last ones too although nothing follows them.
+#[tokio::test]
+async fn a_burst_of_changes_is_gathered_on_the_connection_and_every_change_arrives() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "ops-gather").await;
+    // The longest window allowed: any burst the test can make comes within it.
+    let mut k = Kubecast::start(&common::cm_config(&ns.name, "watch_gather_ms = 50"));
+    k.wait_ready(200).await;
+    let names = common::names("burst", 0..400);
+    common::create_cms(&client, &ns.name, &names).await;
+    k.wait_for("all 400", WAIT, |e| e.len() >= 400).await;
+    let (status, body) = k.admin_get("/metrics").await;
+    assert_eq!(status, 200);
+    let s = parse(&body);
+    assert!(value(&s, "kubecast_watch_gathered_total", &[]) >= 1.0, "the burst was gathered:\n{body}");
+    let ids: HashSet<String> = k.events().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
+    assert_eq!(ids.len(), 400, "every change arrived once");
+    // One more change after the burst, alone: read when the window ends, not when more come.
+    create_cm(&client, &ns.name, "alone", json!({}), json!({})).await;
+    k.wait_for("the change after the burst", WAIT, |e| e.len() >= 401).await;
+}
+
 /// SIGTERM while 300 changes wait in the queue: exit 0 within the shutdown timeout (1 s, too
 /// short to drain them all); the restart sends the rest and nothing that was acknowledged
 /// (also not what was acknowledged out of order); together every change arrives once.

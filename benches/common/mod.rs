@@ -242,12 +242,15 @@ pub fn report_like_for_like(rounds: &[Round], pairs: &[(&str, &str)]) {
 
 /// `events` changes of `OBJECTS` Pods, ~8 KB each, as the lines a watch delivers them in
 /// (`{"type":"MODIFIED","object":{...}}`, compact, in the apiserver's key order).
+/// The resourceVersion of the first recorded line; line `i` has this plus `i`.
+pub const FIRST_RESOURCE_VERSION: usize = 1000;
+
 pub fn record(events: usize) -> Arc<Vec<bytes::Bytes>> {
     // On a thread of its own, so that a profile tells it from the measured work.
     let record = move || {
         (0..events)
             .map(|i| {
-                let pod = as_apiserver_writes_it(&pod(i % OBJECTS, i / OBJECTS), 1000 + i);
+                let pod = as_apiserver_writes_it(&pod(i % OBJECTS, i / OBJECTS), FIRST_RESOURCE_VERSION + i);
                 bytes::Bytes::from([&b"{\"type\":\"MODIFIED\",\"object\":"[..], pod.as_bytes(), b"}"].concat())
             })
             .collect()

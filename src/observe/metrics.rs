@@ -86,6 +86,8 @@ pub struct Metrics {
     pub resync_events: Family<Stream, Counter>,
     pub watch_restarts: Family<Stream, Counter>,
     pub watch_objects_slow: Counter,
+    /// Windows in which an apiserver connection gathered events arriving fast.
+    pub watch_gathered: Counter,
     pub sink_connected: Gauge,
     pub build_info: Family<Build, Gauge>,
     /// Exactly-once into Kafka: transactions committed and aborted.
@@ -128,6 +130,7 @@ impl Metrics {
             full_lists: Family::default(),
             gone: Family::default(),
             resync_events: Family::default(),
+            watch_gathered: Counter::default(),
             watch_restarts: Family::default(),
             watch_objects_slow: Counter::default(),
             sink_connected: Gauge::default(),
@@ -207,6 +210,11 @@ impl Metrics {
             "watch_objects_slow_decoded",
             "Watch events with an object (added, modified, deleted) not in the apiserver's usual line layout, decoded the slow way; 0 on a standard apiserver",
             m.watch_objects_slow.clone(),
+        );
+        r.register(
+            "watch_gathered",
+            "Windows in which an apiserver connection gathered watch events that came in quick succession, to read them at once (cluster.watch_gather_ms)",
+            m.watch_gathered.clone(),
         );
         r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
         r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());

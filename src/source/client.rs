@@ -11,6 +11,7 @@ use kube::Client;
 
 use serde::{Deserialize, Serialize};
 
+use super::gather::Gather;
 use crate::model::Problem;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -37,6 +38,14 @@ pub struct ClusterConfig {
     /// supports them, falling back to paginated lists; `false`: always paginated lists.
     #[serde(default = "default_true")]
     pub streaming_lists: bool,
+    /// While watch events arrive in quick succession, how long the apiserver's connection
+    /// may gather them before kubecast wakes to read them (0: off). See `source/gather.rs`.
+    #[serde(default = "default_watch_gather_ms")]
+    pub watch_gather_ms: u32,
+}
+
+fn default_watch_gather_ms() -> u32 {
+    2
 }
 
 fn default_true() -> bool {
@@ -52,6 +61,7 @@ impl Default for ClusterConfig {
             burst: default_burst(),
             watch_timeout_seconds: default_watch_timeout(),
             streaming_lists: true,
+            watch_gather_ms: default_watch_gather_ms(),
         }
     }
 }
@@ -96,9 +106,19 @@ impl ClusterConfig {
                 "use 1 to 3600; the default is 290",
             ));
         }
+        if self.watch_gather_ms > MAX_WATCH_GATHER_MS {
+            out.push(Problem::new(
+                "cluster.watch_gather_ms",
+                format!("{} ms is longer than kubecast allows", self.watch_gather_ms),
+                format!("use 0 (off) to {MAX_WATCH_GATHER_MS}; the default is 2 (each change waits at most that long)"),
+            ));
+        }
         out
     }
 }
+
+/// The longest gathering window accepted: longer adds latency and saves next to nothing.
+pub const MAX_WATCH_GATHER_MS: u32 = 50;
 
 /// A DNS label (RFC 1123): cluster and namespace names.
 pub fn is_dns_label(s: &str) -> bool {
@@ -134,7 +154,8 @@ pub async fn client(cfg: &ClusterConfig) -> Result<(Client, String), ClientError
         },
     };
     let url = kcfg.cluster_url.to_string();
-    Ok((Client::try_from(kcfg).map_err(|e| ClientError(e.to_string()))?, url))
+    let gather = Gather::from_millis(cfg.watch_gather_ms);
+    Ok((super::connect::client(kcfg, gather).map_err(|e| ClientError(e.to_string()))?, url))
 }
 
 /// The kubeconfig files named by `KUBECONFIG` (merged in order, as kubectl does; files that

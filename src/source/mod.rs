@@ -7,6 +7,8 @@
 //! state folder applies it once the item is acknowledged.
 
 pub mod client;
+pub mod connect;
+pub mod gather;
 pub mod reflector;
 pub(crate) mod selector;
 pub mod sharding;

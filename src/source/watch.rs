@@ -11,7 +11,7 @@
 //! `kubecast_watch_objects_slow_decoded_total` when it carries an object.
 
 use bytes::{Buf, Bytes, BytesMut};
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use http_body_util::BodyExt;
 use kube::api::{Api, WatchEvent, WatchParams};
 use kube::core::Status;
@@ -62,11 +62,14 @@ pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// The events of a watch response body, one per line.
 fn events(body: kube::client::Body) -> impl Stream<Item = Result<WatchEvent<RawObject>, kube::Error>> {
+    lines(body).map(|line| line.and_then(|l| decode_line(&l)))
+}
+
+/// The non-empty lines of a watch response body, undecoded (the benchmarks read a watch
+/// through kubecast's client with it).
+pub fn lines(body: kube::client::Body) -> impl Stream<Item = Result<Bytes, kube::Error>> {
     let state = Lines { body, split: LineSplitter::default(), ended: false };
-    futures::stream::unfold(state, |mut lines| async move {
-        let line = lines.next().await?;
-        Some((line.and_then(|l| decode_line(&l)), lines))
-    })
+    futures::stream::unfold(state, |mut lines| async move { Some((lines.next().await?, lines)) })
 }
 
 struct Lines {

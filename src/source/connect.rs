@@ -1,0 +1,96 @@
+//! The apiserver client's HTTP stack: the one kube builds (`ClientBuilder::try_from`), layer
+//! for layer (TLS, timeouts, base URI, retries of 5xx, authentication, extra headers, tracing),
+//! with one difference: its TCP connections gather watch events that arrive in quick
+//! succession ([`super::gather`]).
+//!
+//! Where kube's own stack does more than this one can repeat, kube's is used as it is
+//! (gathering off): a proxy in the kubeconfig, or credentials from an exec plugin (a client
+//! certificate it hands out expires, which only kube's builder can tell the client).
+
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use hyper_timeout::TimeoutConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kube::client::retry::RetryPolicy;
+use kube::client::{Body, ConfigExt};
+use kube::{Client, Config};
+use tower::retry::RetryLayer;
+use tower::{BoxError, ServiceBuilder};
+use tower_http::ServiceExt as _;
+use tower_http::classify::ServerErrorsFailureClass;
+use tower_http::trace::TraceLayer;
+use tracing::Span;
+
+use super::gather::{Gather, GatherConnector};
+
+/// A client for `config`, its connections gathering as `gather` says where it can (see the
+/// module's text for where it cannot).
+pub fn client(config: Config, gather: Gather) -> Result<Client, kube::Error> {
+    if !gather.is_on() || config.proxy_url.is_some() || uses_exec(&config) {
+        return Client::try_from(config);
+    }
+    let default_ns = config.default_namespace.clone();
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    let connector = config.rustls_https_connector_with_connector(GatherConnector::new(http, gather))?;
+    let mut connector = TimeoutConnector::new(connector);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
+    let http_client: hyper_util::client::legacy::Client<_, Body> =
+        hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(connector);
+
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.default_retry.then_some(RetryLayer::new(RetryPolicy::server_retry())))
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .layer(
+            // As kube's: attribute names follow OpenTelemetry's semantic conventions.
+            TraceLayer::new_for_http()
+                .make_span_with(|req: &Request<Body>| {
+                    tracing::debug_span!(
+                        "HTTP",
+                        http.method = %req.method(),
+                        http.url = %req.uri(),
+                        http.status_code = tracing::field::Empty,
+                        otel.name = req.extensions().get::<&'static str>().unwrap_or(&"HTTP"),
+                        otel.kind = "client",
+                        otel.status_code = tracing::field::Empty,
+                    )
+                })
+                .on_request(|_: &Request<Body>, _: &Span| tracing::debug!("requesting"))
+                .on_response(|res: &Response<Incoming>, _: Duration, span: &Span| {
+                    let status = res.status();
+                    span.record("http.status_code", status.as_u16());
+                    if status.is_client_error() || status.is_server_error() {
+                        span.record("otel.status_code", "ERROR");
+                    }
+                })
+                .on_body_chunk(())
+                .on_eos(|_: Option<&HeaderMap>, _: Duration, _: &Span| tracing::debug!("stream closed"))
+                .on_failure(|ec: ServerErrorsFailureClass, _: Duration, span: &Span| {
+                    span.record("otel.status_code", "ERROR");
+                    match ec {
+                        ServerErrorsFailureClass::StatusCode(status) => {
+                            span.record("http.status_code", status.as_u16());
+                            tracing::error!("failed with status {}", status)
+                        }
+                        ServerErrorsFailureClass::Error(err) => tracing::error!("failed with error {}", err),
+                    }
+                }),
+        )
+        .map_err(BoxError::from)
+        .service(http_client)
+        .map_response_body(|body| http_body_util::BodyExt::map_err(body, BoxError::from));
+    Ok(Client::new(service, default_ns))
+}
+
+/// Credentials from an exec plugin (see the module's text).
+fn uses_exec(config: &Config) -> bool {
+    config.auth_info.exec.is_some()
+}
