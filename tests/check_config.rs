@@ -343,6 +343,12 @@ const BAD: &[BadCase] = &[
         &["cluster.watch_gather_ms", "500 ms", "0 (off) to 50"],
     ),
     (
+        "an env override with one underscore after the section",
+        "",
+        &[("KUBECAST_SINK_TYPE", "kafka")],
+        &["sink.type", "KUBECAST_SINK_TYPE is not read", "KUBECAST_SINK__TYPE"],
+    ),
+    (
         "bad env override",
         "",
         &[("KUBECAST_SINK__TYPE", "nope")],

@@ -76,7 +76,8 @@ impl Config {
         let figment = figment.merge(env_overrides());
         let config: Config =
             figment.extract().map_err(|e| ConfigError::Parse { origin: origin.clone(), problem: problem_of(&e) })?;
-        let problems = config.problems();
+        let mut problems = single_underscore_overrides(std::env::vars_os().map(|(k, _)| k));
+        problems.extend(config.problems());
         if problems.is_empty() { Ok(config) } else { Err(ConfigError::Invalid { origin, problems }) }
     }
 
@@ -262,6 +263,39 @@ fn env_overrides() -> Env {
     Env::prefixed(ENV_PREFIX).filter(|k| k.as_str().contains("__")).split("__")
 }
 
+/// The config's sections, as environment variables start them (`KUBECAST_SINK__...`).
+const SECTIONS: [&str; 8] =
+    ["cluster", "checkpoint", "sink", "delivery", "admin", "telemetry", "coordination", "resources"];
+
+/// Variables that look like config overrides with one `_` between section and key
+/// (`KUBECAST_SINK_TYPE`): not read as config keys, which would silently leave the key as the
+/// file says, so they are refused naming the spelling that works.
+fn single_underscore_overrides(names: impl Iterator<Item = std::ffi::OsString>) -> Vec<Problem> {
+    let mut out: Vec<Problem> = names
+        .filter_map(|name| name.into_string().ok())
+        .filter(|name| !name.contains("__"))
+        .filter_map(|name| {
+            let rest = name.strip_prefix(ENV_PREFIX)?.to_ascii_lowercase();
+            let (section, key) = SECTIONS.iter().find_map(|s| Some((*s, rest.strip_prefix(s)?.strip_prefix('_')?)))?;
+            (!key.is_empty()).then(|| {
+                Problem::new(
+                    format!("{section}.{key}"),
+                    format!(
+                        "the environment variable {name} is not read: config overrides put two underscores between the section and the key"
+                    ),
+                    format!(
+                        "rename it {ENV_PREFIX}{}__{} (and `__` between nested keys), or unset it",
+                        section.to_ascii_uppercase(),
+                        key.to_ascii_uppercase()
+                    ),
+                )
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| a.key.cmp(&b.key));
+    out
+}
+
 fn problem_of(e: &figment::Error) -> Problem {
     use figment::error::Kind;
     let key = if e.path.is_empty() { "(file)".to_string() } else { dotted_key(&e.path) };
@@ -338,5 +372,27 @@ mod tests {
         let cfg = Config::load(None).expect("embedded defaults must be valid");
         assert_eq!(cfg.sink.kind, SinkType::Stdout);
         assert!(!cfg.resources.is_empty());
+    }
+
+    #[test]
+    fn one_underscore_after_a_section_is_refused_other_variables_are_not() {
+        let names = [
+            "KUBECAST_SINK_TYPE",
+            "KUBECAST_CHECKPOINT_KAFKA__TOPIC",
+            "KUBECAST_SINK__TYPE",
+            "KUBECAST_CONFIG",
+            "KUBECAST_LOG_FORMAT",
+            "KUBECAST_ENV_NODE",
+            "KUBECAST_SINK_",
+            "KUBECAST_SINKS_TYPE",
+            "OTHER_SINK_TYPE",
+            "KUBECAST_cluster_name",
+        ];
+        let problems = single_underscore_overrides(names.iter().map(std::ffi::OsString::from));
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        // `KUBECAST_CHECKPOINT_KAFKA__TOPIC` has a `__`: figment reads it (as `checkpoint_kafka.topic`,
+        // an unknown section it then refuses by name).
+        assert_eq!(keys, ["cluster.name", "sink.type"]);
+        assert!(problems[1].fix.contains("KUBECAST_SINK__TYPE"), "{:?}", problems[1]);
     }
 }
