@@ -486,6 +486,15 @@ pub fn scan(dir: &Path) -> Result<Vec<ScannedFile>, CheckpointError> {
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| {
+            // Another program's file beside the streams' (`notes.json`) is not a stream: left
+            // alone, said once. A file named like a stream that does not read is an error below.
+            let ours = named_like_a_stream(p);
+            if !ours {
+                tracing::warn!(file = %p.display(), "not a stream's file of kubecast (its name has no stream id); skipped");
+            }
+            ours
+        })
         .collect();
     paths.sort();
     let mut out = Vec::new();
@@ -509,6 +518,15 @@ pub fn scan(dir: &Path) -> Result<Vec<ScannedFile>, CheckpointError> {
         out.push(ScannedFile { key: head.stream, cluster_uid: head.cluster_uid, position, modified, snapshot: path });
     }
     Ok(out)
+}
+
+/// Whether `path`'s name is a stream's snapshot name: `<kind>.<group>.<version>.<scope>.<16 hex
+/// digits>[.shard-i-of-n].json` ([`StreamKey::file_name`]).
+fn named_like_a_stream(path: &Path) -> bool {
+    let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else { return false };
+    let parts: Vec<&str> = stem.split('.').collect();
+    parts.len() >= 5
+        && parts.iter().any(|p| p.len() == 16 && p.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
 #[cfg(test)]

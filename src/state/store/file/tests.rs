@@ -191,3 +191,19 @@ fn scan_reads_every_stream_without_the_lock_and_changes_nothing() {
     assert_eq!(fs::read(store.journal_path(&a)).unwrap(), journal, "the scan changed nothing");
     assert!(scan(&dir.path().join("missing")).unwrap().is_empty());
 }
+
+#[test]
+fn scan_skips_other_programs_files_but_not_a_corrupt_stream_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path(), me()).unwrap();
+    let a = key(Some("shop"), "");
+    store.write(&a, &full("10", &[("u1", e("a", "9"))])).unwrap();
+    fs::write(dir.path().join("foo.json"), b"not json at all").unwrap();
+    fs::write(dir.path().join("notes.json"), b"{\"x\": 1}").unwrap();
+    let found = scan(dir.path()).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].key, a);
+    // A file named like a stream that does not read is still an error: never hidden.
+    fs::write(dir.path().join("configmap.core.v1.all.0123456789abcdef.json"), b"{").unwrap();
+    assert!(matches!(scan(dir.path()), Err(CheckpointError::Corrupt { .. })));
+}
