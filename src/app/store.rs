@@ -105,7 +105,7 @@ pub async fn open(
         match opened {
             Ok(store) => return Ok(Some(store)),
             Err(e @ CheckpointError::Broker { .. }) => {
-                warn!(error = %e, "state store not reachable; retrying in 2 s");
+                warn!(error = %e, "state store cannot be opened yet; retrying in 2 s");
                 tokio::select! {
                     _ = cancel.cancelled() => return Ok(None),
                     _ = tokio::time::sleep(Duration::from_secs(2)) => {}
