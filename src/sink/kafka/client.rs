@@ -288,7 +288,11 @@ impl KafkaSink {
         if let Some((code, reason)) = self.producer.client().fatal_error() {
             return SendError::Fatal(format!("fatal Kafka producer error {code:?}: {reason}"));
         }
-        if rejected_for_good(&e) { SendError::Permanent(e.to_string()) } else { SendError::Retriable(e.to_string()) }
+        if rejected_for_good(&e) {
+            SendError::Permanent(super::rejected::with_fix(&e))
+        } else {
+            SendError::Retriable(e.to_string())
+        }
     }
 
     /// Whether `topic` exists. Asking for it lets a broker with `auto.create.topics.enable`

@@ -151,8 +151,12 @@ impl Reflector {
         let (ar, caps) = match discovery::pinned_kind(&self.spec.client, &self.spec.gvk).await {
             Ok(found) => found,
             Err(e) if is_not_served(&e) => {
-                let message =
-                    format!("kind {:?} is not served in {:?} ({e})", self.spec.gvk.kind, gv_string(&self.spec.gvk));
+                let message = format!(
+                    "kind {:?} is not served in {:?} ({})",
+                    self.spec.gvk.kind,
+                    gv_string(&self.spec.gvk),
+                    not_served_reason(&e)
+                );
                 if self.spec.missing_kind == MissingKind::Fail {
                     return Err(self.kind_error(format!(
                         "{message} (fix: check api_version and kind with `kubectl api-resources`, install the CRD first, or set missing_kind = \"wait\")"
@@ -203,6 +207,16 @@ impl Reflector {
 
 fn gv_string(gvk: &GroupVersionKind) -> String {
     if gvk.group.is_empty() { gvk.version.clone() } else { format!("{}/{}", gvk.group, gvk.version) }
+}
+
+/// Why discovery found no such kind, in the apiserver's words (kube's own text of a 404
+/// repeats the whole status structure).
+fn not_served_reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("the apiserver answered {}: {}", s.code, s.message),
+        kube::Error::Discovery(d) => d.to_string(),
+        other => other.to_string(),
+    }
 }
 
 /// The group/version is not served (404), or it is but without this kind.
