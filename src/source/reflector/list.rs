@@ -215,6 +215,9 @@ impl Reflector {
         let mut stream = match crate::source::watch::start(&self.target().api, &wp, "", self.spec.shard.as_ref()).await
         {
             Ok(s) => s.boxed(),
+            // A selector the apiserver refuses is refused by every list: fatal, not a reason to
+            // fall back to paginated lists.
+            Err(e) if let Some(fatal) = self.spec.refused_selector(&e) => return Err(fatal),
             Err(kube::Error::Api(s)) if rejects_streaming(&s) => {
                 return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
             }
@@ -260,6 +263,9 @@ impl Reflector {
                 WatchEvent::Deleted(_) => {
                     warn!(stream = %self.spec.name, "DELETED during a streaming list's initial state; listing again");
                     return Ok(Ok(State::Listing { origin: list.origin }));
+                }
+                WatchEvent::Error(s) if let Some(fatal) = self.spec.refused_selector(&kube::Error::Api(s.clone())) => {
+                    return Err(fatal);
                 }
                 WatchEvent::Error(s) if rejects_streaming(&s) => {
                     return Ok(Ok(self.streaming_unavailable(&s, list.origin)));
