@@ -343,6 +343,12 @@ const BAD: &[BadCase] = &[
         &["cluster.watch_gather_ms", "500 ms", "0 (off) to 50"],
     ),
     (
+        "an env override of a section that does not exist",
+        "",
+        &[("KUBECAST_CHECKPOINT_KAFKA__TOPIC", "positions")],
+        &["checkpoint_kafka", "KUBECAST_CHECKPOINT_KAFKA__TOPIC", "checkpoint"],
+    ),
+    (
         "an env override with one underscore after the section",
         "",
         &[("KUBECAST_SINK_TYPE", "kafka")],

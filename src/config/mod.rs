@@ -326,8 +326,17 @@ fn problem_of(e: &figment::Error) -> Problem {
     };
     let mut message = message;
     if e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
+        // The path ends at the key figment refused: an unknown section's variables go on
+        // (`KUBECAST_CHECKPOINT_KAFKA__TOPIC`), so the variables themselves are named.
         let var = format!("{ENV_PREFIX}{}", e.path.join("__").to_uppercase());
-        message.push_str(&format!(" (set by the environment variable {var})"));
+        let below = format!("{var}__");
+        let mut set: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter(|k| *k == var || k.starts_with(&below))
+            .collect();
+        set.sort();
+        let set = if set.is_empty() { var } else { set.join(", ") };
+        message.push_str(&format!(" (set by the environment variable {set})"));
     }
     Problem { key, message, fix }
 }

@@ -270,7 +270,7 @@ impl KafkaSink {
         let Some(txn) = self.transaction.get() else {
             return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
         };
-        txn.send(records).await.map_err(|e| SendError::Permanent(e.to_string()))
+        txn.send(records).await.map_err(|e| SendError::Permanent(super::rejected::with_fix(&e)))
     }
 
     fn solo(&self) -> Result<&Producer<KafkaContext>, SendError> {
