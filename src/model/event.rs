@@ -17,6 +17,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
+use bytestring::ByteString;
 use kube::api::ApiResource;
 
 use super::attributes::{AttributeValue, Attributes};
@@ -47,7 +48,8 @@ impl Change {
 #[derive(Debug, Clone)]
 pub struct CloudEvent {
     pub attributes: Attributes,
-    pub data: Bytes,
+    /// The object as JSON text (UTF-8 by its type: checked once, when the object was read).
+    pub data: ByteString,
     /// The structured form, when built ahead by [`CloudEvent::seal_structured`]; `data` is
     /// then a slice of it.
     structured: Option<Bytes>,
@@ -58,11 +60,16 @@ impl CloudEvent {
         self.attributes.id()
     }
 
+    /// The data's bytes.
+    pub fn data_bytes(&self) -> &[u8] {
+        self.data.as_bytes()
+    }
+
     /// The structured-mode JSON: `{...attributes, "data": <object>}`.
     pub fn to_structured(&self) -> Vec<u8> {
         match self.sealed() {
             Some(whole) => whole.to_vec(),
-            None => self.structured_with(Some(&self.data)),
+            None => self.structured_with(Some(self.data_bytes())),
         }
     }
 
@@ -71,7 +78,7 @@ impl CloudEvent {
     pub fn structured_bytes(&self) -> Bytes {
         match self.sealed() {
             Some(whole) => whole.clone(),
-            None => Bytes::from(self.structured_with(Some(&self.data))),
+            None => Bytes::from(self.structured_with(Some(self.data_bytes()))),
         }
     }
 
@@ -84,7 +91,7 @@ impl CloudEvent {
             return None;
         }
         debug_assert!(
-            whole[..] == self.structured_with(Some(&self.data))[..],
+            whole[..] == self.structured_with(Some(self.data_bytes()))[..],
             "the event was changed after seal_structured"
         );
         Some(whole)
@@ -96,10 +103,14 @@ impl CloudEvent {
     /// only one buffer per event stays alive (the watch line's is released). Call after the
     /// event's last change (shaping, trace context); debug builds check that nothing changed.
     pub fn seal_structured(&mut self) {
-        let whole = Bytes::from(self.structured_with(Some(&self.data)));
+        let whole = Bytes::from(self.structured_with(Some(self.data_bytes())));
         // `...,"data":<data>}`: the data ends just before the closing brace.
         let end = whole.len() - 1;
-        self.data = whole.slice(end - self.data.len()..end);
+        let data = whole.slice(end - self.data.len()..end);
+        debug_assert_eq!(data, self.data.as_bytes());
+        // SAFETY: `structured_with` copies `data` as it is right before the closing brace: the
+        // slice holds the same bytes as `self.data`, which are UTF-8.
+        self.data = unsafe { ByteString::from_bytes_unchecked(data) };
         self.structured = Some(whole);
     }
 
@@ -249,7 +260,7 @@ impl EventSource {
             origin,
         );
         // List items come without apiVersion/kind; every payload describes itself.
-        let data = object.into_json_bytes(&self.resource);
+        let data = object.into_json_text(&self.resource);
         Ok(CloudEvent { attributes, data, structured: None })
     }
 }
@@ -307,7 +318,7 @@ mod tests {
         assert!(whole.as_ptr_range().contains(&ev.data.as_ptr()), "data is a slice of the structured form");
         assert_eq!(ev.structured_bytes().as_ptr(), whole.as_ptr(), "no copy at send time");
         // Data replaced after the seal (as a later shaping step would): built anew.
-        ev.data = Bytes::from_static(b"{}");
+        ev.data = ByteString::from_static("{}");
         assert!(ev.sealed().is_none());
         assert_eq!(ev.structured_len(), ev.to_structured().len());
         let json: serde_json::Value = serde_json::from_slice(&ev.structured_bytes()).unwrap();
@@ -327,7 +338,7 @@ mod tests {
         ev.attributes.set_extension("payload", ExtensionValue::String("full\u{e9}\"".into()));
         let ours: serde_json::Value = serde_json::from_slice(&ev.to_structured()).unwrap();
         let mut sdk = serde_json::to_value(ev.attributes.to_sdk()).unwrap();
-        sdk["data"] = serde_json::from_slice(&ev.data).unwrap();
+        sdk["data"] = serde_json::from_str(&ev.data).unwrap();
         assert_eq!(ours, sdk);
         // The reference built with the SDK's builder from the change itself, not from ours.
         use cloudevents::{AttributesWriter, EventBuilder, EventBuilderV10};
@@ -347,7 +358,7 @@ mod tests {
             .unwrap();
         reference.set_datacontenttype(Some("application/json"));
         let mut reference = serde_json::to_value(reference).unwrap();
-        reference["data"] = serde_json::from_slice(&ev.data).unwrap();
+        reference["data"] = serde_json::from_str(&ev.data).unwrap();
         assert_eq!(ours, reference);
         let text = String::from_utf8(ev.to_structured()).unwrap();
         let at = |k: &str| text.find(&format!("\"{k}\":")).unwrap();

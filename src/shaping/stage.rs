@@ -199,7 +199,7 @@ mod tests {
         let next = shape(item(3, serde_json::json!({"v": "three", "w": "x"}), false), &streams, &mut shapers, false)
             .msg
             .expect("sent");
-        let patch: serde_json::Value = serde_json::from_slice(&next.event.data).unwrap();
+        let patch: serde_json::Value = serde_json::from_str(&next.event.data).unwrap();
         let v = patch.as_array().unwrap().iter().find(|op| op["path"] == "/data/v").expect("a data op");
         assert_eq!(v["value"], "three");
         assert!(

@@ -26,7 +26,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
             };
             (payload, headers)
         }
-        Mode::Binary => (Cow::Borrowed(&event.data[..]), binary_headers(event)),
+        Mode::Binary => (Cow::Borrowed(event.data_bytes()), binary_headers(event)),
     };
     // W3C trace context as plain headers too (traces on), so consumers continue the trace.
     for name in ["traceparent", "tracestate"] {

@@ -71,7 +71,7 @@ pub fn encode(event: &CloudEvent, mode: Mode) -> (Bytes, HeaderMap) {
                     other => put(name, other.text().into_owned()),
                 }
             }
-            (event.data.clone(), headers)
+            (event.data.as_bytes().clone(), headers)
         }
     }
 }
