@@ -118,7 +118,7 @@ impl Lines {
                     }
                     // Like kube: a connection cut mid-chunk (common after minutes of watching)
                     // ends the stream; the reflector re-watches from its resourceVersion.
-                    debug!(error = %e, "watch connection ended");
+                    debug!(error = %crate::observe::kube_error::in_words(&e), "watch connection ended");
                 }
             }
         }

@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 
 use crate::model::Problem;
 use crate::model::shard::{MAX_SHARDS, Shard};
+use crate::observe::kube_error::in_words;
 
 /// `[coordination]`
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -278,7 +279,7 @@ impl Elector {
     pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
-        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(e.to_string()))?;
+        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(in_words(&e).to_string()))?;
         let Some(mut lease) = existing else {
             let lease = Lease {
                 metadata: ObjectMeta {
@@ -298,7 +299,7 @@ impl Elector {
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(Attempt::Held { epoch: 0 }),
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Other { holder: "(just created)".into() }),
-                Err(e) => Err(self.error(e.to_string())),
+                Err(e) => Err(self.error(in_words(&e).to_string())),
             };
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
@@ -336,7 +337,7 @@ impl Elector {
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 Ok(Attempt::Other { holder: holder.unwrap_or_else(|| "(changed meanwhile)".into()) })
             }
-            Err(e) => Err(self.error(e.to_string())),
+            Err(e) => Err(self.error(in_words(&e).to_string())),
         }
     }
 
@@ -391,7 +392,7 @@ impl LeaseWatch {
                             continue;
                         }
                         Err(e) => {
-                            debug!(lease = %self.name, error = %e, "lease watch not opened; again after a retry period");
+                            debug!(lease = %self.name, error = %in_words(&e), "lease watch not opened; again after a retry period");
                             tokio::time::sleep(backoff).await;
                             continue;
                         }
@@ -412,7 +413,7 @@ impl LeaseWatch {
                     self.events = None;
                 }
                 Some(Err(e)) => {
-                    debug!(lease = %self.name, error = %e, "lease watch failed; reopening after a retry period");
+                    debug!(lease = %self.name, error = %in_words(&e), "lease watch failed; reopening after a retry period");
                     self.events = None;
                     tokio::time::sleep(backoff).await;
                 }

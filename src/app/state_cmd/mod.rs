@@ -28,6 +28,7 @@ use super::store;
 use super::wiring::{StreamPlan, plan};
 use crate::config::Config;
 use crate::model::{IndexEntry, ObjectIndex, Position};
+use crate::observe::kube_error::in_words;
 use crate::sink::{Sink, SinkError};
 use crate::source::client::{self, ClientError};
 use crate::state::StoreKind;
@@ -510,7 +511,7 @@ async fn list_now(
 ) -> Result<(ObjectIndex, String), StateError> {
     let err = |cause: String| StateError::List { index: s.resource_index, stream: s.name.clone(), cause };
     let gvk = GroupVersionKind::gvk(&s.key.group, &s.key.version, &s.key.kind);
-    let (ar, _) = kube::discovery::pinned_kind(client, &gvk).await.map_err(|e| err(e.to_string()))?;
+    let (ar, _) = kube::discovery::pinned_kind(client, &gvk).await.map_err(|e| err(in_words(&e).to_string()))?;
     let api: Api<DynamicObject> = match &s.key.namespace {
         Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
         None => Api::all_with(client.clone(), &ar),
@@ -525,7 +526,7 @@ async fn list_now(
     let mut index = ObjectIndex::new();
     let mut rv = None;
     loop {
-        let page = api.list_metadata(&lp).await.map_err(|e| err(e.to_string()))?;
+        let page = api.list_metadata(&lp).await.map_err(|e| err(in_words(&e).to_string()))?;
         if rv.is_none() {
             rv = page.metadata.resource_version.clone();
         }

@@ -13,6 +13,7 @@ use super::diff;
 use super::spec::{Initial, ReflectorError};
 use super::state::{Closed, OpenWatch, Reflector, State, is_gone};
 use crate::model::{Effect, IndexOp, Origin, RawObject, UidSet, Verb};
+use crate::observe::kube_error::in_words;
 
 /// Annotation of the bookmark that ends a streaming list's initial state.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -140,7 +141,7 @@ impl Reflector {
         if let Some(fatal) = self.spec.refused_selector(&e) {
             return Err(fatal);
         }
-        warn!(stream = %self.spec.name, error = %e, "list failed; retrying after backoff");
+        warn!(stream = %self.spec.name, error = %in_words(&e), "list failed; retrying after backoff");
         Ok(State::Backoff { then: Box::new(State::Listing { origin }) })
     }
 
@@ -233,7 +234,7 @@ impl Reflector {
                     return Ok(Ok(State::Listing { origin: list.origin }));
                 }
                 Ok(Err(e)) => {
-                    warn!(stream = %self.spec.name, error = %e, "streaming list failed; listing again after backoff");
+                    warn!(stream = %self.spec.name, error = %in_words(&e), "streaming list failed; listing again after backoff");
                     return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: list.origin }) }));
                 }
             };

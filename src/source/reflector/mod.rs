@@ -86,6 +86,7 @@ pub use self::state::Reflector;
 use self::state::{Closed, State, Target};
 use crate::model::{EventSource, Origin};
 use crate::observe::health::StreamPhase;
+use crate::observe::kube_error::in_words;
 
 impl Reflector {
     /// Runs the stream until `cancel` fires or the pipeline is gone.
@@ -172,7 +173,7 @@ impl Reflector {
                 return Ok(State::Backoff { then: Box::new(State::Discover) });
             }
             Err(e) => {
-                warn!(stream = %self.spec.name, error = %e, "discovery failed; retrying after backoff");
+                warn!(stream = %self.spec.name, error = %in_words(&e), "discovery failed; retrying after backoff");
                 return Ok(State::Backoff { then: Box::new(State::Discover) });
             }
         };
@@ -209,13 +210,11 @@ fn gv_string(gvk: &GroupVersionKind) -> String {
     if gvk.group.is_empty() { gvk.version.clone() } else { format!("{}/{}", gvk.group, gvk.version) }
 }
 
-/// Why discovery found no such kind, in the apiserver's words (kube's own text of a 404
-/// repeats the whole status structure).
+/// Why discovery found no such kind, in the apiserver's words.
 fn not_served_reason(e: &kube::Error) -> String {
     match e {
-        kube::Error::Api(s) => format!("the apiserver answered {}: {}", s.code, s.message),
         kube::Error::Discovery(d) => d.to_string(),
-        other => other.to_string(),
+        other => in_words(other).to_string(),
     }
 }
 

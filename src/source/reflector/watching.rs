@@ -12,6 +12,7 @@ use super::diff;
 use super::spec::ReflectorError;
 use super::state::{Closed, OpenWatch, Reflector, State, is_gone, new_backoff};
 use crate::model::{Effect, Origin, RawObject, Verb};
+use crate::observe::kube_error::in_words;
 
 /// A watch that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(120);
@@ -39,7 +40,7 @@ impl Reflector {
             }
             Err(e) if let Some(fatal) = self.spec.refused_selector(&e) => return Err(fatal),
             Err(e) => {
-                warn!(stream = %self.spec.name, error = %e, "watch request failed; re-watching after backoff");
+                warn!(stream = %self.spec.name, error = %in_words(&e), "watch request failed; re-watching after backoff");
                 return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
             }
         };
@@ -101,7 +102,7 @@ impl Reflector {
                 }
                 Ok(Ok(None)) => break,
                 Ok(Err(e)) => {
-                    warn!(stream = %self.spec.name, error = %e, "watch stream failed; re-watching after backoff");
+                    warn!(stream = %self.spec.name, error = %in_words(&e), "watch stream failed; re-watching after backoff");
                     return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
                 }
                 Ok(Ok(Some(ev))) => ev,
