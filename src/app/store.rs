@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::observe::kube_error::in_words;
 use crate::sink::{Sink, secret};
 use crate::state::StoreKind;
 use crate::state::store::file::FileStore;
@@ -25,7 +26,7 @@ pub async fn cluster_uid(client: &kube::Client) -> Option<String> {
     match tokio::time::timeout(Duration::from_secs(10), api.get("kube-system")).await {
         Ok(Ok(ns)) => ns.metadata.uid,
         Ok(Err(e)) => {
-            warn!(error = %e, "cannot read the kube-system namespace: state from another cluster with the same [cluster] name would not be detected (fix: grant get on namespaces/kube-system)");
+            warn!(error = %in_words(&e), "cannot read the kube-system namespace: state from another cluster with the same [cluster] name would not be detected (fix: grant get on namespaces/kube-system)");
             None
         }
         Err(_) => {

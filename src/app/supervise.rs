@@ -16,6 +16,7 @@ use crate::state::watermark::StreamCheckpoint;
 
 use super::error::RunError;
 use crate::delivery::queue::DeliveryError;
+use crate::observe::kube_error::in_words;
 use crate::sink::Sink;
 use crate::source::reflector::ReflectorError;
 
@@ -137,7 +138,7 @@ pub async fn probe_apiserver(client: kube::Client, url: String, health: Arc<Heal
             }
             outcome => {
                 let error = match outcome {
-                    Ok(Err(e)) => e.to_string(),
+                    Ok(Err(e)) => in_words(&e).to_string(),
                     _ => "no answer within 4 s".to_string(),
                 };
                 let reason = format!("apiserver {url} not reachable: {error}");

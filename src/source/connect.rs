@@ -73,14 +73,17 @@ pub fn client(config: Config, gather: Gather) -> Result<Client, kube::Error> {
                 })
                 .on_body_chunk(())
                 .on_eos(|_: Option<&HeaderMap>, _: Duration, _: &Span| tracing::debug!("stream closed"))
+                // At DEBUG, where kube logs an ERROR: a failed request reaches its caller, whose
+                // log says what failed, with the cause and the fix (`observe::kube_error`); the
+                // bare "failed with error client error (Connect)" beside it only repeated it.
                 .on_failure(|ec: ServerErrorsFailureClass, _: Duration, span: &Span| {
                     span.record("otel.status_code", "ERROR");
                     match ec {
                         ServerErrorsFailureClass::StatusCode(status) => {
                             span.record("http.status_code", status.as_u16());
-                            tracing::error!("failed with status {}", status)
+                            tracing::debug!("failed with status {}", status)
                         }
-                        ServerErrorsFailureClass::Error(err) => tracing::error!("failed with error {}", err),
+                        ServerErrorsFailureClass::Error(err) => tracing::debug!("failed with error {}", err),
                     }
                 }),
         )
