@@ -102,7 +102,7 @@ a value inline instead of "${env:NAME}" / "${file:/path}".
 {{- end }}
 {{- $nats := $sink.nats }}
 {{- if kindIs "map" $nats }}
-{{- range $k := list "password" "token" "nkey_seed" "credentials" }}
+{{- range $k := list "password" "token" "nkey_seed" }}
 {{- if and (hasKey $nats $k) (not (regexMatch $ref (toString (index $nats $k)))) }}
 {{- fail (printf "%s: sink.nats.%s %s (or a file: credentials_file)" $where $k $fix) }}
 {{- end }}
