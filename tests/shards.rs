@@ -216,6 +216,24 @@ async fn kill_and_pause(delivery: Delivery) {
     for kc in [&mut b, &mut c] {
         assert!(kc.stop().success(), "{}", kc.log());
     }
+
+    // `kubecast state list` reads the sharded store: each shard listed as a stream of its own.
+    let out = std::process::Command::new(common::bin())
+        .args(["state", "list", "-o", "json", "--config"])
+        .arg(c.dir.path().join("kubecast.toml"))
+        .env("KUBECONFIG", common::kubeconfig())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "state list failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let mut ids: Vec<&str> = listed.as_array().unwrap().iter().map(|s| s["stream"].as_str().unwrap()).collect();
+    ids.sort();
+    assert_eq!(ids.len(), 4, "{listed:#}");
+    for (i, id) in ids.iter().enumerate() {
+        assert!(id.ends_with(&format!(".shard-{i}-of-4")), "{ids:?}");
+    }
 }
 
 /// One replica running 4 shards and an unsharded kubecast on the same ConfigMaps emit the

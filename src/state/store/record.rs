@@ -241,24 +241,27 @@ pub fn fold_all(place: &str, records: &Latest) -> Result<Vec<ScannedStream>, Che
     }
     let owner = Owner::default();
     let mut loader = Loader::new(place, &keys, &owner);
+    // Every stream found is listed, each shard of a sharded one too: no shard is "another
+    // process's" here, and no layout is refused (a listing shows what is stored).
+    loader.bases.clear();
     for (key, (value, _)) in records {
         if value.is_none() && key.ends_with(".p") {
             continue; // a deleted position record (not kubecast's doing): no stream
         }
         loader.apply(key, value.as_deref())?;
     }
-    let records_of: Vec<PositionRecord> = loader.positions.iter().map(|p| p.clone().expect("found above")).collect();
+    let records_of: Vec<Option<PositionRecord>> = loader.positions.clone();
     let positions = loader.finish()?;
-    Ok(records_of
+    records_of
         .into_iter()
         .zip(positions)
         .zip(found)
-        .map(|((record, position), (_, written_ms))| ScannedStream {
-            record,
-            position: position.expect("found above"),
-            written_ms,
+        .map(|((record, position), (key, written_ms))| match (record, position) {
+            (Some(record), Some(position)) => Ok(ScannedStream { record, position, written_ms }),
+            // Each stream was found by its position record above, which the loader read.
+            _ => Err(corrupt(&key, "its position record could not be read back".into())),
         })
-        .collect())
+        .collect()
 }
 
 /// Refuses state of another cluster that used the same `[cluster] name`.
@@ -517,6 +520,31 @@ mod tests {
         assert!(fold_all("test", &latest).unwrap_err().to_string().contains(".o.u3"));
         latest.insert(position_key(&b.id()), (Some(b"{\"format\":9}".to_vec()), None));
         assert!(fold_all("test", &latest).unwrap_err().to_string().contains("format 9"));
+    }
+
+    /// A sharded stream's state (as `kubecast state list` reads a Kafka or NATS store): every
+    /// shard is listed with its own objects, none skipped as another process's.
+    #[test]
+    fn fold_all_lists_every_shard_of_a_sharded_stream() {
+        let whole = key("Deployment");
+        let me = owner(3, None);
+        let mut latest = Latest::new();
+        for i in 0..3 {
+            let s = whole.with_shard(Shard::new(i, 3));
+            let rv = format!("{}", 10 + i);
+            latest
+                .insert(position_key(&s.id()), (Some(PositionRecord::new(&s, &me, Some(&rv), &[]).encode()), Some(1)));
+            let uid = format!("u{i}");
+            latest.insert(object_key(&s.id(), &uid), (Some(encode_object((&entry(&rv)).into())), Some(1)));
+        }
+        let mut found = fold_all("test", &latest).unwrap();
+        found.sort_by_key(|s| s.record.stream.id());
+        assert_eq!(found.len(), 3);
+        for (i, s) in found.iter().enumerate() {
+            assert_eq!(s.record.stream, whole.with_shard(Shard::new(i as u32, 3)));
+            assert_eq!(s.position.resource_version.as_deref(), Some(format!("{}", 10 + i).as_str()));
+            assert_eq!(s.position.objects.len(), 1, "shard {i}'s own object");
+        }
     }
 
     fn entry(rv: &str) -> IndexEntry {
