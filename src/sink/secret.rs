@@ -16,13 +16,14 @@ pub fn resolve(v: &str) -> Result<String, String> {
 }
 
 /// `url` (one or more, comma-separated) as it may be shown: a password or a token in a URL's
-/// user part replaced by `***` (`nats://user:***@host`, `nats://***@host`).
+/// user part replaced by `***` (`nats://user:***@host`, `nats://***@host`). Everything before
+/// the entry's last `@` counts as the user part, a `/` in it too: an unencoded base64 secret
+/// often holds one, and such a URL is shown in the error that refuses it.
 pub fn url_for_display(url: &str) -> String {
     url.split(',')
         .map(|one| {
             let (scheme, rest) = one.split_once("://").map_or(("", one), |(s, r)| (s, r));
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let Some(at) = rest[..authority_end].rfind('@') else { return one.to_string() };
+            let Some(at) = rest.rfind('@') else { return one.to_string() };
             let user = match rest[..at].split_once(':') {
                 Some((user, _)) => format!("{user}:***"),
                 // A user part without a password is a token.
@@ -46,7 +47,10 @@ mod tests {
         assert_eq!(shown("tls://a:p@x:1, nats://y:2"), "tls://a:***@x:1, nats://y:2");
         assert_eq!(shown("u:p@host:4222"), "u:***@host:4222");
         assert_eq!(shown("nats://a:p@@b@host"), "nats://a:***@host");
-        assert_eq!(shown("nats://host/path@x"), "nats://host/path@x");
+        // A `/` in the secret (unencoded base64) does not end the user part.
+        assert_eq!(shown("nats://kubecast:Ab3/xY9+q==@nats:4222"), "nats://kubecast:***@nats:4222");
+        assert_eq!(shown("nats://T0k/en==@nats:4222"), "nats://***@nats:4222");
+        assert_eq!(shown("nats://host/path"), "nats://host/path");
     }
 
     #[test]

@@ -159,7 +159,7 @@ pub fn url_problem(url: &str) -> Option<(String, &'static str)> {
             let shown = crate::sink::secret::url_for_display(u);
             return Some((
                 format!("{shown:?} is not a NATS server address"),
-                "write scheme://host:port, e.g. \"nats://nats:4222\" (several: comma-separated)",
+                "write scheme://host:port, e.g. \"nats://nats:4222\" (several: comma-separated); a `/` in a password or token written in the URL is percent-encoded (%2F), or give it in the password or token key instead",
             ));
         }
     }
@@ -319,6 +319,16 @@ mod tests {
         assert!(cfg.stream_subjects().is_empty());
         let cfg: NatsConfig = toml_cfg("url = \"nats://x:4222\"\nsubject = \"a.b.{cluster}\"");
         assert_eq!(cfg.stream_subjects(), vec!["a.b.>".to_string()]);
+    }
+
+    #[test]
+    fn a_url_refused_is_shown_without_its_secret() {
+        for url in ["nats://kubecast:Ab3/xY9+q==@nats:4222", "nats://T0k/en==@nats:4222"] {
+            let (message, fix) = url_problem(url).expect("a `/` in the user part is refused");
+            assert!(!message.contains("xY9") && !message.contains("T0k"), "{message}");
+            assert!(fix.contains("%2F"), "{fix}");
+        }
+        assert!(url_problem("nats://kubecast:Ab3%2FxY9@nats:4222").is_none(), "percent-encoded");
     }
 
     fn toml_cfg(s: &str) -> NatsConfig {
