@@ -111,6 +111,24 @@ const BAD: &[BadCase] = &[
         &["coordination.lease_duration_seconds", "lease_duration_seconds (5) >= renew_deadline_seconds (10)", "fix:"],
     ),
     (
+        "a renew deadline so large that deadline + retry period would wrap around",
+        "[coordination]\nenabled = true\nlease_duration_seconds = 15\nrenew_deadline_seconds = 4294967295\nretry_period_seconds = 1\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.lease_duration_seconds", "renew_deadline_seconds (4294967295)"],
+    ),
+    (
+        "a lease duration of days",
+        "[coordination]\nenabled = true\nlease_duration_seconds = 86400\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.lease_duration_seconds", "is 86400; at most 3600"],
+    ),
+    (
+        "a lease namespace that cannot exist",
+        "[coordination]\nenabled = true\nlease_namespace = \"kube_system\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.lease_namespace", "\"kube_system\" is not a namespace name"],
+    ),
+    (
         "shards without coordination",
         "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

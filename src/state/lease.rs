@@ -93,18 +93,39 @@ fn is_dns_subdomain(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.')
 }
 
+/// The longest `lease_duration_seconds` accepted: an hour.
+const MAX_LEASE_SECONDS: u32 = 3600;
+
 impl CoordinationConfig {
     /// Problems with `[coordination]`.
     pub fn problems(&self) -> Vec<Problem> {
         let mut out = Vec::new();
         let (d, r, p) = (self.lease_duration_seconds, self.renew_deadline_seconds, self.retry_period_seconds);
-        if p == 0 || r <= p || d < r + p {
+        // In u64: `r + p` of u32s could wrap, and a wrapped sum would pass the check.
+        if p == 0 || r <= p || u64::from(d) < u64::from(r) + u64::from(p) {
             out.push(Problem::new(
                 "coordination.lease_duration_seconds",
                 format!(
                     "needs lease_duration_seconds ({d}) >= renew_deadline_seconds ({r}) + retry_period_seconds ({p}), and renew_deadline_seconds > retry_period_seconds >= 1 (a holder must notice a missed renewal before a standby may take over)"
                 ),
                 "e.g. 15, 10 and 2 (the defaults)",
+            ));
+        }
+        if d > MAX_LEASE_SECONDS {
+            out.push(Problem::new(
+                "coordination.lease_duration_seconds",
+                format!("is {d}; at most {MAX_LEASE_SECONDS} (a standby would wait that long to take over a holder that died)"),
+                "e.g. 15 (the default)",
+            ));
+        }
+        if let Some(ns) = &self.lease_namespace
+            && !(is_dns_subdomain(ns) && ns.len() <= 63 && !ns.contains('.'))
+        {
+            // The apiserver would answer every attempt with 404 or 422: a standby forever.
+            out.push(Problem::new(
+                "coordination.lease_namespace",
+                format!("{ns:?} is not a namespace name: lowercase letters, digits and '-', starting and ending with a letter or digit, at most 63 characters"),
+                "the namespace the Lease lives in, e.g. \"kubecast\"; remove it for the pod's own namespace",
             ));
         }
         if self.identity.as_deref().is_some_and(|i| i.trim().is_empty()) {
