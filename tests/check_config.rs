@@ -531,4 +531,17 @@ fn secrets_in_urls_and_misspelled_kafka_properties_are_never_printed() {
     let (ok, _, err) = check(store, &[]);
     assert!(!ok);
     assert!(err.contains("checkpoint.nats.url") && err.contains("scheme://host:port"), "{err}");
+    // A password with a `/` (unencoded base64) in the URL: refused, shown masked.
+    let slash = "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://u:Sl/ashPw-S3cr3t==@nats:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, _, err) = check(slash, &[]);
+    assert!(!ok);
+    assert!(err.contains("nats://u:***@nats:4222") && err.contains("%2F"), "{err}");
+    assert!(!err.contains("S3cr3t"), "{err}");
+    // A token of digits from the environment is read as a number: refused, without the value.
+    let token = "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, out, err) = check(token, &[("KUBECAST_SINK__NATS__TOKEN", "8731209945")]);
+    assert!(!ok, "accepted: {out}");
+    assert!(err.contains("sink.nats.token") && err.contains("a whole number (not shown"), "{err}");
+    assert!(err.contains("KUBECAST_SINK__NATS__TOKEN") && err.contains("quoted"), "{err}");
+    assert!(!err.contains("8731209945"), "{err}");
 }

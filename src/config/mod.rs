@@ -314,18 +314,33 @@ fn problem_of(e: &figment::Error) -> Problem {
         Kind::MissingField(f) => (format!("required key `{f}` is missing"), format!("add `{f} = ...`")),
         Kind::InvalidType(actual, expected) => {
             let (expected, example) = in_words(expected);
-            (format!("wrong type: found {actual}, expected {expected}"), format!("write {expected}{example}"))
+            let found = shown_value(&e.path, actual);
+            (format!("wrong type: found {found}, expected {expected}"), format!("write {expected}{example}"))
         }
         Kind::InvalidValue(actual, expected) => {
             let (expected, example) = in_words(expected);
-            (format!("invalid value: found {actual}, expected {expected}"), format!("write {expected}{example}"))
+            let found = shown_value(&e.path, actual);
+            (format!("invalid value: found {found}, expected {expected}"), format!("write {expected}{example}"))
         }
         Kind::DuplicateField(f) => (format!("key `{f}` is given twice"), "keep one of them".into()),
         Kind::Message(m) => (m.clone(), "correct the TOML syntax at the position shown".into()),
         other => (other.to_string(), "correct the value".into()),
     };
-    let mut message = message;
+    let (mut message, mut fix) = (message, fix);
     if e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
+        if matches!(
+            &e.kind,
+            Kind::InvalidType(
+                figment::error::Actual::Unsigned(_)
+                    | figment::error::Actual::Signed(_)
+                    | figment::error::Actual::Bool(_)
+                    | figment::error::Actual::Float(_),
+                _
+            )
+        ) {
+            // The environment's values are read as TOML values: digits become a number.
+            fix.push_str(" (from the environment, a string of digits is quoted: KUBECAST_...='\"123456\"'; a secret is better given as \"${env:NAME}\" in the file)");
+        }
         // The path ends at the key figment refused: an unknown section's variables go on
         // (`KUBECAST_CHECKPOINT_KAFKA__TOPIC`), so the variables themselves are named.
         let var = format!("{ENV_PREFIX}{}", e.path.join("__").to_uppercase());
@@ -339,6 +354,29 @@ fn problem_of(e: &figment::Error) -> Problem {
         message.push_str(&format!(" (set by the environment variable {set})"));
     }
     Problem { key, message, fix }
+}
+
+/// The value figment found, as the error may show it: only its kind for a key that may hold a
+/// secret (a password, token, seed, a Kafka property), which a type error must not print.
+fn shown_value(path: &[String], actual: &figment::error::Actual) -> String {
+    use figment::error::Actual;
+    let secret = path.iter().any(|k| {
+        let k = k.to_ascii_lowercase();
+        k == "properties" || ["password", "token", "seed", "secret", "jaas", "key"].iter().any(|s| k.contains(s))
+    });
+    if !secret {
+        return actual.to_string();
+    }
+    let kind = match actual {
+        Actual::Bool(_) => "a boolean",
+        Actual::Unsigned(_) | Actual::Signed(_) => "a whole number",
+        Actual::Float(_) => "a number",
+        Actual::Str(_) | Actual::Char(_) => "a string",
+        Actual::Seq => "a list",
+        Actual::Map => "a table",
+        _ => "a value of another type",
+    };
+    format!("{kind} (not shown: the key may hold a secret)")
 }
 
 /// What serde calls the expected type, in a user's words (`usize` -> a whole number), and an
