@@ -129,6 +129,24 @@ const BAD: &[BadCase] = &[
         &["coordination.lease_namespace", "\"kube_system\" is not a namespace name"],
     ),
     (
+        "a shutdown timeout of years",
+        "[delivery]\nshutdown_timeout_seconds = 9223372036854775807\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["delivery.shutdown_timeout_seconds", "at most 3600"],
+    ),
+    (
+        "a JetStream duplicate window of zero (the server's 2 minutes)",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\ncreate_stream = true\n[sink.nats.stream]\nduplicate_window_seconds = 0\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.nats.stream.duplicate_window_seconds", "it must be 1 to"],
+    ),
+    (
+        "a JetStream duplicate window longer than the stream keeps messages",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\ncreate_stream = true\n[sink.nats.stream]\nmax_age_seconds = 60\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.nats.stream.duplicate_window_seconds", "longer than stream.max_age_seconds (60)"],
+    ),
+    (
         "shards without coordination",
         "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

@@ -110,6 +110,10 @@ pub struct DeadLetterConfig {
     pub destination: Option<String>,
 }
 
+/// The longest `shutdown_timeout_seconds` accepted: an hour (a far larger value overflowed the
+/// deadline's clock arithmetic at the first SIGTERM).
+const MAX_SHUTDOWN_SECONDS: u64 = 3600;
+
 impl DeliveryConfig {
     pub fn problems(&self, sink_is_broker: bool) -> Vec<Problem> {
         let mut out = Vec::new();
@@ -119,6 +123,13 @@ impl DeliveryConfig {
         }
         if self.max_in_flight == 0 {
             p("max_in_flight", "must be at least 1".into(), "e.g. 1000");
+        }
+        if self.shutdown_timeout_seconds > MAX_SHUTDOWN_SECONDS {
+            p(
+                "shutdown_timeout_seconds",
+                format!("is {}; at most {MAX_SHUTDOWN_SECONDS}", self.shutdown_timeout_seconds),
+                "e.g. 30 (the default); a pod's grace period must be longer still",
+            );
         }
         if self.backoff_min_ms == 0 || self.backoff_min_ms > self.backoff_max_ms {
             p("backoff_min_ms", "must be at least 1 and at most backoff_max_ms".into(), "e.g. 100 and 30000");

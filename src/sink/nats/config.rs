@@ -57,6 +57,10 @@ pub struct NatsConfig {
 }
 
 /// `[sink.nats.stream]`: the stream kubecast creates when `create_stream = true`.
+/// The longest stream duration setting accepted: ten years (the server takes nanoseconds in
+/// an i64; much larger values would wrap).
+const MAX_STREAM_SECONDS: u64 = 10 * 365 * 24 * 3600;
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamSettings {
@@ -228,6 +232,33 @@ impl NatsConfig {
                     "cannot be derived: the subject template starts with a {field}".into(),
                     "list the stream's subjects, e.g. [\"kubecast.>\"]",
                 );
+            }
+            // Zero would be the server's default (2 minutes), shorter than a restart may take.
+            if s.duplicate_window_seconds == 0 || s.duplicate_window_seconds > MAX_STREAM_SECONDS {
+                p(
+                    "stream.duplicate_window_seconds",
+                    format!("is {}; it must be 1 to {MAX_STREAM_SECONDS}", s.duplicate_window_seconds),
+                    "e.g. 600 (the default): longer than kubecast can take to send an event again",
+                );
+            } else if s.max_age_seconds > 0 && s.duplicate_window_seconds > s.max_age_seconds {
+                p(
+                    "stream.duplicate_window_seconds",
+                    format!(
+                        "({}) is longer than stream.max_age_seconds ({}): the server refuses such a stream",
+                        s.duplicate_window_seconds, s.max_age_seconds
+                    ),
+                    "shorten the window, or keep messages longer",
+                );
+            }
+            if s.max_age_seconds > MAX_STREAM_SECONDS {
+                p(
+                    "stream.max_age_seconds",
+                    format!("is {}; at most {MAX_STREAM_SECONDS} (ten years)", s.max_age_seconds),
+                    "e.g. 604800 (a week), or 0 to keep messages until max_bytes",
+                );
+            }
+            if s.max_bytes < -1 {
+                p("stream.max_bytes", format!("is {}; -1 (no limit) or a size in bytes", s.max_bytes), "e.g. -1");
             }
             if s.replicas == 0 || s.replicas > 5 {
                 p("stream.replicas", "must be 1 to 5".into(), "e.g. 1, or 3 in a cluster");
