@@ -147,6 +147,24 @@ const BAD: &[BadCase] = &[
         &["sink.nats.stream.duplicate_window_seconds", "longer than stream.max_age_seconds (60)"],
     ),
     (
+        "a delivery timeout the Kafka store's transactional producer refuses",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.properties]\n\"message.timeout.ms\" = \"120000\"\n[checkpoint]\nstore = \"kafka\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.kafka.properties.\"message.timeout.ms\"", "is 120000", "at most 60000"],
+    ),
+    (
+        "state-store properties without the state store's own brokers",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka.properties]\n\"security.protocol\" = \"SSL\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["checkpoint.kafka.properties", "only used with checkpoint.kafka.brokers"],
+    ),
+    (
+        "a state-store secret from a variable that is not set",
+        "[sink]\ntype = \"stdout\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"k:9092\"\n[checkpoint.kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"${env:KUBECAST_TEST_SURELY_UNSET}\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["checkpoint.kafka.properties.\"sasl.password\"", "KUBECAST_TEST_SURELY_UNSET is not set"],
+    ),
+    (
         "shards without coordination",
         "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

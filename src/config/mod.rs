@@ -145,6 +145,28 @@ impl Config {
                 )),
             _ => {}
         }
+        if c.store == StoreKind::Kafka {
+            // The state store's producer is transactional (transaction.timeout.ms = 60000):
+            // librdkafka refuses to create it with longer delivery or socket timeouts, at every
+            // attempt to open the store.
+            let (section, properties) = match (&c.kafka.brokers, &self.sink.kafka) {
+                (None, Some(k)) => ("sink.kafka.properties", &k.properties),
+                _ => ("checkpoint.kafka.properties", &c.kafka.properties),
+            };
+            for (k, limit) in
+                [("message.timeout.ms", 60_000u64), ("delivery.timeout.ms", 60_000), ("socket.timeout.ms", 60_100)]
+            {
+                if let Some(v) = properties.get(k).and_then(|v| v.trim().parse::<u64>().ok())
+                    && v > limit
+                {
+                    out.push(Problem::new(
+                        format!("{section}.\"{k}\""),
+                        format!("is {v}; the Kafka state store's transactional producer accepts at most {limit} (its transaction.timeout.ms is 60000)"),
+                        format!("set at most {limit}, or remove it"),
+                    ));
+                }
+            }
+        }
         if self.coordination.shards > 1 && c.store == StoreKind::File {
             out.push(Problem::new(
                 "coordination.shards",

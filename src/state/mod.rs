@@ -156,6 +156,25 @@ impl CheckpointConfig {
         if self.kafka.brokers.is_some() {
             out.extend(crate::sink::kafka::security::problems("checkpoint.kafka.properties", &self.kafka.properties));
             out.extend(crate::sink::kafka::properties::problems("checkpoint.kafka.properties", &self.kafka.properties));
+            for (k, v) in &self.kafka.properties {
+                let key = format!("checkpoint.kafka.properties.\"{k}\"");
+                if k == "bootstrap.servers" {
+                    out.push(Problem::new(
+                        key.clone(),
+                        "duplicates checkpoint.kafka.brokers",
+                        "set checkpoint.kafka.brokers instead",
+                    ));
+                }
+                if let Err(e) = crate::sink::secret::resolve(v) {
+                    out.push(Problem::new(key, e, "set that variable or create that file"));
+                }
+            }
+        } else if !self.kafka.properties.is_empty() {
+            out.push(Problem::new(
+                "checkpoint.kafka.properties",
+                "are only used with checkpoint.kafka.brokers: without it the store uses the sink's connection and its properties",
+                "set checkpoint.kafka.brokers, or move them to [sink.kafka.properties]",
+            ));
         }
         if let Some(url) = &self.nats.url
             && let Some((message, fix)) = crate::sink::nats::url_problem(url)
