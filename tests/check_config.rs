@@ -165,6 +165,30 @@ const BAD: &[BadCase] = &[
         &["checkpoint.kafka.properties.\"sasl.password\"", "KUBECAST_TEST_SURELY_UNSET is not set"],
     ),
     (
+        "a Kafka topic template that makes no topic name",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\ntopic = \"kubecast events.{kind}\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.kafka.topic", "does not make a Kafka topic name", "only ASCII letters, digits"],
+    ),
+    (
+        "a resource's Kafka topic with a slash",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"\ntopic = \"kubecast/{resource}\"",
+        &[],
+        &["resources[0].topic", "does not make a Kafka topic name"],
+    ),
+    (
+        "a NATS dead-letter subject with a wildcard",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\n[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"dl.*\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["delivery.dead_letter.destination", "\"dl.*\" is not a NATS subject"],
+    ),
+    (
+        "a Kafka dead-letter topic with a space",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"dead letters\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["delivery.dead_letter.destination", "\"dead letters\" is not a Kafka topic name"],
+    ),
+    (
         "shards without coordination",
         "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

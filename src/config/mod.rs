@@ -88,6 +88,20 @@ impl Config {
         out.extend(self.checkpoint.problems());
         out.extend(self.sink.problems());
         out.extend(self.delivery.problems(self.sink.is_broker()));
+        if let (crate::delivery::DeadLetterType::Broker, Some(dest)) =
+            (self.delivery.dead_letter.kind, self.delivery.dead_letter.destination.as_deref().filter(|d| !d.is_empty()))
+        {
+            // Checked by the sink's naming rules: the broker would refuse every dead letter.
+            let problem = match self.sink.kind {
+                SinkType::Kafka => crate::sink::kafka::topic_name_problem(dest).map(|why| format!("{dest:?} is not a Kafka topic name: {why}")),
+                SinkType::Nats => (!crate::sink::nats::is_valid_subject(dest))
+                    .then(|| format!("{dest:?} is not a NATS subject to publish to: tokens separated by single dots, no empty token, no '*', '>' or whitespace")),
+                _ => None,
+            };
+            if let Some(message) = problem {
+                out.push(Problem::new("delivery.dead_letter.destination", message, "e.g. \"kubecast.dead-letter\""));
+            }
+        }
         out.extend(self.telemetry.problems());
         out.extend(self.coordination.problems());
         out.extend(self.admin.problems());

@@ -5,7 +5,6 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Problem, Verb};
 use crate::shaping::{FilterErrorRule, PayloadMode, ShapingOptions};
 use crate::sink::SinkType;
-use crate::sink::template::Template;
 use crate::source::client::is_dns_label;
 use crate::source::reflector::{Initial, MissingKind};
 use crate::source::selector;
@@ -206,7 +205,7 @@ impl ResourceConfig {
                     format!("is only used by the kafka sink, but sink.type = \"{}\"", sink),
                     if sink == SinkType::Nats { "use `subject` for NATS" } else { "remove it" },
                 ));
-            } else if let Err(e) = Template::parse(t) {
+            } else if let Err(e) = crate::sink::kafka::topic_template(t) {
                 out.push(Problem::new("topic", e, "use a template like \"kubecast.{cluster}.{resource}\""));
             }
         }

@@ -15,6 +15,22 @@ pub struct Fields {
     pub verb: &'static str,
 }
 
+impl Fields {
+    /// Sample values, to check what a destination template makes: `c`, `g`, `v`, `K`, `r`,
+    /// an empty namespace (a cluster-scoped object's), `added`.
+    pub fn sample() -> Self {
+        let of_type = TypeFields {
+            cluster: "c".into(),
+            group: "g".into(),
+            version: "v".into(),
+            kind: "K".into(),
+            resource: "r".into(),
+        }
+        .intern();
+        Fields { of_type, namespace: String::new(), verb: "added" }
+    }
+}
+
 impl Default for Fields {
     fn default() -> Self {
         static NONE: TypeFields = TypeFields {

@@ -181,8 +181,14 @@ impl CheckpointConfig {
         {
             out.push(Problem::new("checkpoint.nats.url", message, fix));
         }
-        if self.store == StoreKind::Kafka && self.kafka.topic.trim().is_empty() {
-            out.push(Problem::new("checkpoint.kafka.topic", "must not be empty", "e.g. \"kubecast-state\""));
+        if self.store == StoreKind::Kafka
+            && let Some(why) = crate::sink::kafka::topic_name_problem(&self.kafka.topic)
+        {
+            out.push(Problem::new(
+                "checkpoint.kafka.topic",
+                format!("{:?} is not a Kafka topic name: {why}", self.kafka.topic),
+                "e.g. \"kubecast-state\"",
+            ));
         }
         if self.store == StoreKind::Nats
             && (self.nats.bucket.is_empty()

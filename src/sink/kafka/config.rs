@@ -11,6 +11,33 @@ use crate::sink::template::Template;
 
 pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
 
+/// Parses a topic template and checks that it makes Kafka topic names: rendered with sample
+/// values (placeholders' values are cleaned to the legal characters at send time), only ASCII
+/// letters, digits, `.`, `_` and `-`, at most 249 characters, not `.` or `..`. The broker
+/// would refuse any other name at every send.
+pub fn topic_template(s: &str) -> Result<Template, String> {
+    let t = Template::parse(s)?;
+    let sample = crate::model::Fields::sample();
+    let rendered = t.render(&sample, super::encode::clean_topic_part);
+    if let Some(problem) = topic_name_problem(&rendered) {
+        return Err(format!("{s:?} does not make a Kafka topic name (e.g. {rendered:?}): {problem}"));
+    }
+    Ok(t)
+}
+
+/// Why `name` is not a Kafka topic name, if it is not.
+pub fn topic_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() || name == "." || name == ".." {
+        Some("it must not be empty, \".\" or \"..\"")
+    } else if name.len() > 249 {
+        Some("at most 249 characters")
+    } else if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')) {
+        Some("only ASCII letters, digits, '.', '_' and '-'")
+    } else {
+        None
+    }
+}
+
 /// Properties kubecast sets itself: the delivery guarantees depend on them.
 pub(super) const REQUIRED: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
 
@@ -107,7 +134,7 @@ impl KafkaConfig {
                 format!("set at least {MIN_UNCOMMITTED_BYTES} (default {}, 64 MiB)", Limits::DEFAULT_BYTES),
             ));
         }
-        if let Err(e) = Template::parse(&self.topic) {
+        if let Err(e) = topic_template(&self.topic) {
             out.push(Problem::new("sink.kafka.topic", e, format!("e.g. {DEFAULT_TOPIC:?}")));
         }
         out.extend(super::security::problems("sink.kafka.properties", &self.properties));

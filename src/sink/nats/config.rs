@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Fields, Problem, TypeFields};
+use crate::model::{Fields, Problem};
 use crate::sink::secret;
 use crate::sink::template::Template;
 
@@ -287,18 +287,7 @@ impl NatsConfig {
 /// Parses a subject template and checks that what it renders is a valid subject.
 pub fn subject_template(s: &str) -> Result<Template, String> {
     let t = Template::parse(s)?;
-    let sample = Fields {
-        of_type: TypeFields {
-            cluster: "c".into(),
-            group: "g".into(),
-            version: "v".into(),
-            kind: "K".into(),
-            resource: "r".into(),
-        }
-        .intern(),
-        namespace: String::new(),
-        verb: "added",
-    };
+    let sample = Fields::sample();
     let rendered = t.render(&sample, clean_subject_token);
     if !is_valid_subject(&rendered) {
         return Err(format!(
@@ -308,7 +297,8 @@ pub fn subject_template(s: &str) -> Result<Template, String> {
     Ok(t)
 }
 
-fn is_valid_subject(s: &str) -> bool {
+/// Whether `s` is a subject one can publish to (no wildcards, no empty token).
+pub fn is_valid_subject(s: &str) -> bool {
     !s.is_empty()
         && s.split('.').all(|t| !t.is_empty() && !t.contains(['*', '>']) && !t.chars().any(char::is_whitespace))
 }

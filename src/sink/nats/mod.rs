@@ -25,7 +25,7 @@ mod reconnect;
 
 pub use client::NatsSink;
 pub use config::{
-    DEFAULT_SUBJECT, Mode, NatsConfig, Storage, StreamSettings, TlsSettings, clean_subject_token, subject_template,
-    url_problem,
+    DEFAULT_SUBJECT, Mode, NatsConfig, Storage, StreamSettings, TlsSettings, clean_subject_token, is_valid_subject,
+    subject_template, url_problem,
 };
 pub use encode::encode;
