@@ -189,6 +189,18 @@ const BAD: &[BadCase] = &[
         &["delivery.dead_letter.destination", "\"dead letters\" is not a Kafka topic name"],
     ),
     (
+        "a sampling ratio from the environment that is not one",
+        "[telemetry]\ntraces = true\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[("OTEL_TRACES_SAMPLER_ARG", "10%")],
+        &["telemetry.sampling_ratio", "OTEL_TRACES_SAMPLER_ARG=\"10%\"", "not a number between 0 and 1"],
+    ),
+    (
+        "a dead-letter destination for the file type",
+        "[delivery.dead_letter]\ndestination = \"kubecast.dead-letter\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["delivery.dead_letter.destination", "only used with type = \"broker\""],
+    ),
+    (
         "shards without coordination",
         "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

@@ -147,6 +147,18 @@ impl DeliveryConfig {
             ),
             _ => {}
         }
+        // A setting of another dead-letter type: silently unused otherwise.
+        let kind = self.dead_letter.kind;
+        if self.dead_letter.destination.is_some() && !matches!(kind, DeadLetterType::Broker) {
+            p(
+                "dead_letter.destination",
+                "is only used with type = \"broker\"".into(),
+                "remove it, or set type = \"broker\"",
+            );
+        }
+        if self.dead_letter.path.is_some() && !matches!(kind, DeadLetterType::File) {
+            p("dead_letter.path", "is only used with type = \"file\"".into(), "remove it, or set type = \"file\"");
+        }
         out
     }
 }

@@ -67,11 +67,12 @@ pub async fn serve(
     health: Arc<Health>,
     cancel: CancellationToken,
 ) -> Result<Option<SocketAddr>, AdminError> {
-    if cfg.listen.is_empty() {
+    if cfg.listen.trim().is_empty() {
         return Ok(None);
     }
     let err = |cause: String| AdminError { addr: cfg.listen.clone(), cause };
-    let listener = tokio::net::TcpListener::bind(&cfg.listen).await.map_err(|e| err(e.to_string()))?;
+    // As `problems` read it: surrounding spaces are not part of the address.
+    let listener = tokio::net::TcpListener::bind(cfg.listen.trim()).await.map_err(|e| err(e.to_string()))?;
     let addr = listener.local_addr().map_err(|e| err(e.to_string()))?;
     let app = Router::new()
         .route("/livez", get(live))

@@ -78,6 +78,18 @@ impl TelemetryConfig {
                 "e.g. 1.0 (all events) or 0.01",
             ));
         }
+        // The standard variable overrides sampling_ratio: checked as strictly (it was ignored
+        // when unreadable, and used as given when out of range).
+        if let Ok(v) = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+            && self.wanted()
+            && !v.trim().parse::<f64>().is_ok_and(|r| (0.0..=1.0).contains(&r))
+        {
+            out.push(Problem::new(
+                "telemetry.sampling_ratio",
+                format!("the environment variable OTEL_TRACES_SAMPLER_ARG={v:?}, which overrides it, is not a number between 0 and 1"),
+                "e.g. OTEL_TRACES_SAMPLER_ARG=0.01, or unset it",
+            ));
+        }
         if let Some(e) = &self.endpoint
             && url::Url::parse(e).map(|u| !matches!(u.scheme(), "http" | "https")).unwrap_or(true)
         {
@@ -112,8 +124,10 @@ pub fn init(cfg: &TelemetryConfig) -> Result<Option<Guard>, TelemetryError> {
         builder = builder.with_endpoint(format!("{}/v1/traces", e.trim_end_matches('/')));
     }
     let exporter = builder.build().map_err(|e| TelemetryError(e.to_string()))?;
-    let ratio =
-        std::env::var("OTEL_TRACES_SAMPLER_ARG").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(cfg.sampling_ratio);
+    let ratio = std::env::var("OTEL_TRACES_SAMPLER_ARG")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(cfg.sampling_ratio);
     let service = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| cfg.service_name.clone());
     let provider = provider_builder()
         .with_batch_exporter(exporter)
