@@ -201,6 +201,18 @@ const BAD: &[BadCase] = &[
         &["delivery.dead_letter.destination", "only used with type = \"broker\""],
     ),
     (
+        "an nkey seed that is not one",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\nnkey_seed = \"SUAnotAseedSecretXYZ\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.nats.nkey_seed", "is not a valid nkey seed (its value not shown)"],
+    ),
+    (
+        "a CA file that is not PEM",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"tls://n:4222\"\n[sink.nats.tls]\nca_file = \"/etc/passwd\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.nats.tls.ca_file", "/etc/passwd holds no PEM block"],
+    ),
+    (
         "shards without coordination",
         "[coordination]\nshards = 4\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
@@ -616,4 +628,9 @@ fn secrets_in_urls_and_misspelled_kafka_properties_are_never_printed() {
     assert!(err.contains("sink.nats.token") && err.contains("a whole number (not shown"), "{err}");
     assert!(err.contains("KUBECAST_SINK__NATS__TOKEN") && err.contains("quoted"), "{err}");
     assert!(!err.contains("8731209945"), "{err}");
+    // An nkey seed that is not one: refused at check time, without its value.
+    let seed = "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://n:4222\"\nnkey_seed = \"SUAnotAseedS3cr3t\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"";
+    let (ok, _, err) = check(seed, &[]);
+    assert!(!ok && err.contains("sink.nats.nkey_seed"), "{err}");
+    assert!(!err.contains("S3cr3t"), "{err}");
 }

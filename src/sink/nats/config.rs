@@ -196,10 +196,16 @@ impl NatsConfig {
             p("password", "user and password go together".into(), "set both, or neither");
         }
         for (k, v) in [("password", &self.password), ("token", &self.token), ("nkey_seed", &self.nkey_seed)] {
-            if let Some(v) = v
-                && let Err(e) = secret::resolve(v)
-            {
-                p(k, e, "set that variable or create that file");
+            match v.as_deref().map(secret::resolve) {
+                Some(Err(e)) => p(k, e, "set that variable or create that file"),
+                // Checked here, as the sink checks it at start: the connection would be refused
+                // again and again.
+                Some(Ok(seed)) if k == "nkey_seed" && nkeys::KeyPair::from_seed(seed.trim()).is_err() => p(
+                    k,
+                    "is not a valid nkey seed (its value not shown)".into(),
+                    "an `SU...` user seed, e.g. from `nsc` or `nk -gen user`",
+                ),
+                _ => {}
             }
         }
         for (k, f) in [
@@ -208,10 +214,17 @@ impl NatsConfig {
             ("tls.cert_file", &self.tls.cert_file),
             ("tls.key_file", &self.tls.key_file),
         ] {
-            if let Some(f) = f
-                && let Err(e) = std::fs::metadata(f)
-            {
-                p(k, format!("{} cannot be read: {e}", f.display()), "fix the path or mount the file");
+            let Some(f) = f else { continue };
+            match std::fs::read(f) {
+                Err(e) => p(k, format!("{} cannot be read: {e}", f.display()), "fix the path or mount the file"),
+                // Certificates and keys are PEM; a file without a PEM block (a DER file, the
+                // wrong file) would fail every connection attempt, retried without end.
+                Ok(bytes) if k.starts_with("tls.") && !bytes.windows(11).any(|w| w == b"-----BEGIN ") => p(
+                    k,
+                    format!("{} holds no PEM block (-----BEGIN ...)", f.display()),
+                    "give the PEM file (convert DER with `openssl x509 -inform der`)",
+                ),
+                Ok(_) => {}
             }
         }
         if self.tls.cert_file.is_some() != self.tls.key_file.is_some() {
