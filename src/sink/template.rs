@@ -114,8 +114,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(t.render(&f, std::borrow::Cow::Borrowed), "kubecast.c.apps.deployments-added");
-        assert!(Template::parse("x.{nope}").is_err());
-        assert!(Template::parse("x.{cluster").is_err());
-        assert!(Template::parse("x}").is_err());
+        let unknown = Template::parse("x.{nope}").unwrap_err();
+        assert!(unknown.contains("unknown field {nope}") && unknown.contains("known: {cluster}, {group}"), "{unknown}");
+        assert!(unknown.contains("{verb}"), "every known field listed: {unknown}");
+        assert!(Template::parse("x.{cluster").unwrap_err().contains("unclosed '{'"));
+        assert!(Template::parse("x}").unwrap_err().contains("unbalanced '}'"));
+        assert_eq!(Template::parse("").unwrap_err(), "is empty");
     }
 }

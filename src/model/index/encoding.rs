@@ -131,10 +131,26 @@ mod tests {
     proptest! {
         /// Whatever a parser accepts it gives back exactly.
         #[test]
-        fn compact_forms_round_trip(text in "[0-9a-fA-F-]{0,40}", bytes in any::<[u8; 16]>(), n in any::<u64>()) {
+        fn compact_forms_round_trip(
+            // Random text, and text shaped like a uid (the parser's accepting branch), in upper
+            // or lower case.
+            text in prop_oneof![
+                "[0-9a-fA-F-]{0,40}",
+                "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}",
+                "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+            ],
+            bytes in any::<[u8; 16]>(),
+            n in any::<u64>(),
+        ) {
             if let Some(b) = parse_uuid(&text) {
                 prop_assert_eq!(Uuid(&b).to_string(), text.clone());
             }
+            // Exactly the canonical form (lowercase, dashes at 8, 13, 18, 23) is taken compact.
+            let canonical = text.len() == 36
+                && text.bytes().enumerate().all(|(i, c)| {
+                    if [8, 13, 18, 23].contains(&i) { c == b'-' } else { c.is_ascii_digit() || (b'a'..=b'f').contains(&c) }
+                });
+            prop_assert_eq!(parse_uuid(&text).is_some(), canonical, "{}", text);
             if let Some(v) = parse_rv(&text) {
                 prop_assert_eq!(v.to_string(), text);
             }

@@ -288,6 +288,9 @@ pub struct Verdict {
 
 /// Checks `seen` against `written` and the apiserver's list `now`; panics naming what is wrong.
 pub fn judge(seen: &[Seen], written: Written, now: &BTreeMap<String, u64>, delivery: Delivery) -> Verdict {
+    // A load that wrote nothing, or a reader that read nothing, would pass every check below.
+    assert!(written.count() > 0, "the load wrote nothing (every apiserver write failed): nothing was tested");
+    assert!(!seen.is_empty(), "the reader saw nothing of the {} changes written", written.count());
     let mut first: HashMap<&str, usize> = HashMap::new();
     let mut unique = Vec::with_capacity(seen.len());
     for s in seen {
