@@ -322,3 +322,67 @@ async fn a_selector_the_apiserver_refuses_is_a_clear_error_naming_it() {
     // The streaming list's refusal is the selector's, not a sign of an older apiserver.
     assert!(!log.contains("streaming lists not available"), "{log}");
 }
+
+/// A server that ends every watch at once (here a proxy in front of the apiserver that answers
+/// each watch request with an empty body, as a broken proxy or gateway might): a streaming
+/// list cut twice gives way to paginated lists, and a watch that ends at once without an
+/// event is opened again after the backoff, not in a loop that would spend the rate limit
+/// every stream shares.
+#[tokio::test]
+async fn watches_that_end_at_once_are_opened_again_after_a_backoff_not_in_a_loop() {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "quickend").await;
+    create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    // (when, a streaming list) per watch request.
+    let watches: Arc<Mutex<Vec<(Instant, bool)>>> = Arc::default();
+    let app = axum::Router::new().fallback({
+        let (client, watches) = (client.clone(), watches.clone());
+        move |uri: axum::http::Uri| {
+            let (client, watches) = (client.clone(), watches.clone());
+            async move {
+                let pq = uri.path_and_query().map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
+                if pq.contains("watch=true") || pq.contains("watch=1") {
+                    watches.lock().unwrap().push((Instant::now(), pq.contains("sendInitialEvents=true")));
+                    return (axum::http::StatusCode::OK, String::new());
+                }
+                match client.request_text(http::Request::get(pq).body(Vec::new()).unwrap()).await {
+                    Ok(text) => (axum::http::StatusCode::OK, text),
+                    Err(kube::Error::Api(s)) => {
+                        (axum::http::StatusCode::from_u16(s.code).unwrap(), serde_json::to_string(&s).unwrap())
+                    }
+                    Err(e) => (axum::http::StatusCode::BAD_GATEWAY, e.to_string()),
+                }
+            }
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: proxy\n  cluster:\n    server: http://{addr}\ncontexts:\n- name: proxy\n  context:\n    cluster: proxy\n    user: none\ncurrent-context: proxy\nusers:\n- name: none\n  user: {{}}\n"
+        ),
+    )
+    .unwrap();
+    let config = format!("[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\n", ns.name);
+    let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    kc.wait_log("using paginated lists for this stream", 1).await;
+    let a = format!("{}/a", ns.name);
+    kc.wait_for("a from the paginated list", WAIT, |e| about(e, &a).len() == 1).await;
+    kc.wait_log("watch ended at once without an event; re-watching after backoff", 2).await;
+    let seen = watches.lock().unwrap().clone();
+    assert!(kc.stop().success(), "{}", kc.log());
+    let streaming = seen.iter().filter(|(_, s)| *s).count();
+    assert_eq!(streaming, 2, "two streaming lists cut, then paginated lists: {seen:?}");
+    let plain: Vec<Instant> = seen.iter().filter(|(_, s)| !*s).map(|(t, _)| *t).collect();
+    // The second quick end was logged before its backoff: two or three watch requests so far,
+    // the second at least the minimum backoff (0.8 s) after the first.
+    assert!((2..=3).contains(&plain.len()), "{} watch requests: {seen:?}", plain.len());
+    let gap = plain[1] - plain[0];
+    assert!(gap >= Duration::from_millis(700), "re-watched {gap:?} after a watch that ended at once");
+}

@@ -313,6 +313,19 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_status_line_is_the_apiserver_s_error() {
+        // Some servers and proxies write a 410 as a Status line, not as an ERROR event: the
+        // reflector relists on either (`is_gone`).
+        let line = Bytes::from_static(
+            br#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version: 5 (90)","reason":"Expired","code":410}"#,
+        );
+        match decode_line(&line) {
+            Err(kube::Error::Api(s)) => assert_eq!((s.code, s.reason.as_str()), (410, "Expired")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn a_line_within_one_frame_is_not_copied() {
         let frames = [
             Bytes::from_static(b"{\"a\":1}\n{\"b\":2}\n{\"c\""),

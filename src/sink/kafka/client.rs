@@ -12,8 +12,9 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use tracing::{debug, info, warn};
 
+use super::config::clean_topic_part;
 use super::config::{KafkaConfig, Mode, REQUIRED};
-use super::encode::{clean_topic_part, encode};
+use super::encode::encode;
 use super::producer::Producer;
 use super::rejected::rejected_for_good;
 use super::transaction::{Limits, Record, Transaction};

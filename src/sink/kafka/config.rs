@@ -11,6 +11,12 @@ use crate::sink::template::Template;
 
 pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
 
+/// Kafka topic names allow `[a-zA-Z0-9._-]`: other characters become `_`; an empty field
+/// (the namespace of a cluster-scoped object) becomes `_`.
+pub fn clean_topic_part(s: &str) -> std::borrow::Cow<'_, str> {
+    crate::sink::template::clean_with(s, |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
 /// Parses a topic template and checks that it makes Kafka topic names: rendered with sample
 /// values (placeholders' values are cleaned to the legal characters at send time), only ASCII
 /// letters, digits, `.`, `_` and `-`, at most 249 characters, not `.` or `..`. The broker
@@ -18,7 +24,7 @@ pub const DEFAULT_TOPIC: &str = "kubecast.{cluster}.{group}.{resource}";
 pub fn topic_template(s: &str) -> Result<Template, String> {
     let t = Template::parse(s)?;
     let sample = crate::model::Fields::sample();
-    let rendered = t.render(&sample, super::encode::clean_topic_part);
+    let rendered = t.render(&sample, clean_topic_part);
     if let Some(problem) = topic_name_problem(&rendered) {
         return Err(format!("{s:?} does not make a Kafka topic name (e.g. {rendered:?}): {problem}"));
     }

@@ -8,12 +8,6 @@ use rdkafka::message::{Header, OwnedHeaders};
 use super::config::Mode;
 use crate::model::{AttributeValue, CloudEvent};
 
-/// Kafka topic names allow `[a-zA-Z0-9._-]`: other characters become `_`; an empty field
-/// (the namespace of a cluster-scoped object) becomes `_`.
-pub fn clean_topic_part(s: &str) -> Cow<'_, str> {
-    crate::sink::template::clean_with(s, |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
-}
-
 /// The record value and headers of `event` in `mode`.
 pub fn encode(event: &CloudEvent, mode: Mode) -> (Cow<'_, [u8]>, OwnedHeaders) {
     let (payload, mut headers) = match mode {

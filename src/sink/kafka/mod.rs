@@ -24,6 +24,6 @@ pub mod security;
 pub mod transaction;
 
 pub use client::{KafkaContext, KafkaSink};
-pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode, topic_name_problem, topic_template};
-pub use encode::{clean_topic_part, encode};
+pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode, clean_topic_part, topic_name_problem, topic_template};
+pub use encode::encode;
 pub use logging::{LogContext, log_level};

@@ -11,9 +11,13 @@ use tracing::{info, warn};
 
 use super::diff;
 use super::spec::{Initial, ReflectorError};
-use super::state::{Closed, OpenWatch, Reflector, State, is_gone};
+use super::state::{Closed, LIST_ANSWER_TIMEOUT, OpenWatch, Reflector, State, answered, is_gone};
 use crate::model::{Effect, IndexOp, Origin, RawObject, UidSet, Verb};
 use crate::observe::kube_error::in_words;
+
+/// Streaming lists in a row cut before their initial state was complete, after which a stream
+/// uses paginated lists.
+const STREAMING_CUTS: u32 = 2;
 
 /// Annotation of the bookmark that ends a streaming list's initial state.
 const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
@@ -166,7 +170,8 @@ impl Reflector {
                 lp = lp.continue_token(t);
             }
             self.spec.limiter.until_ready().await;
-            let page = match crate::source::sharding::list_page(&api, &lp, self.spec.shard.as_ref()).await {
+            let request = crate::source::sharding::list_page(&api, &lp, self.spec.shard.as_ref());
+            let page = match answered(LIST_ANSWER_TIMEOUT, "list request", request).await {
                 Ok(p) => p,
                 Err(e) if token.is_some() && is_gone(&e) => {
                     warn!(
@@ -195,7 +200,16 @@ impl Reflector {
             release_freed_memory();
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(next) => token = Some(next),
-                None => return Ok(Ok(page.metadata.resource_version.unwrap_or_default())),
+                // A list without its resourceVersion (no conforming apiserver sends one) would
+                // make the watch after it replay every object as new: listed again instead.
+                None => match page.metadata.resource_version.filter(|rv| !rv.is_empty()) {
+                    Some(rv) => return Ok(Ok(rv)),
+                    None => {
+                        let s =
+                            Status::failure("the list's answer carries no resourceVersion", "Invalid").with_code(500);
+                        return Err(kube::Error::Api(s.boxed()));
+                    }
+                },
             }
         }
     }
@@ -213,8 +227,8 @@ impl Reflector {
         wp.send_initial_events = true;
         self.spec.limiter.until_ready().await;
         // Boxed: the connection outlives this step when it is handed over to `Watching`.
-        let mut stream = match crate::source::watch::start(&self.target().api, &wp, "", self.spec.shard.as_ref()).await
-        {
+        let request = crate::source::watch::start(&self.target().api, &wp, "", self.spec.shard.as_ref());
+        let mut stream = match answered(self.idle_timeout(), "streaming list request", request).await {
             Ok(s) => s.boxed(),
             // A selector the apiserver refuses is refused by every list: fatal, not a reason to
             // fall back to paginated lists.
@@ -230,8 +244,17 @@ impl Reflector {
             let event = match tokio::time::timeout(idle, stream.try_next()).await {
                 Ok(Ok(Some(ev))) => ev,
                 Err(_) | Ok(Ok(None)) => {
-                    warn!(stream = %self.spec.name, "streaming list ended before its initial state was complete; listing again");
-                    return Ok(Ok(State::Listing { origin: list.origin }));
+                    // After the backoff. Cut twice (a watch timeout shorter than sending the
+                    // whole state takes, a proxy that ends the response): paginated lists for
+                    // this stream from now on, which no such cut stops.
+                    self.streaming_cut += 1;
+                    if self.streaming_cut >= STREAMING_CUTS {
+                        warn!(stream = %self.spec.name, objects, "streaming list ended before its initial state was complete, again; using paginated lists for this stream");
+                        self.streaming = Some(false);
+                    } else {
+                        warn!(stream = %self.spec.name, objects, "streaming list ended before its initial state was complete; listing again after backoff");
+                    }
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: list.origin }) }));
                 }
                 Ok(Err(e)) => {
                     warn!(stream = %self.spec.name, error = %in_words(&e), "streaming list failed; listing again after backoff");
@@ -252,6 +275,7 @@ impl Reflector {
                     if b.metadata.annotations.get(INITIAL_EVENTS_END).is_some_and(|v| v == "true") =>
                 {
                     self.streaming = Some(true);
+                    self.streaming_cut = 0;
                     let rv = b.metadata.resource_version;
                     if self.finish_diff(list, rv.clone(), started, "streaming").await.is_err() {
                         return Ok(Err(Closed));
@@ -262,8 +286,8 @@ impl Reflector {
                 }
                 WatchEvent::Bookmark(_) => {}
                 WatchEvent::Deleted(_) => {
-                    warn!(stream = %self.spec.name, "DELETED during a streaming list's initial state; listing again");
-                    return Ok(Ok(State::Listing { origin: list.origin }));
+                    warn!(stream = %self.spec.name, "DELETED during a streaming list's initial state; listing again after backoff");
+                    return Ok(Ok(State::Backoff { then: Box::new(State::Listing { origin: list.origin }) }));
                 }
                 WatchEvent::Error(s) if let Some(fatal) = self.spec.refused_selector(&kube::Error::Api(s.clone())) => {
                     return Err(fatal);

@@ -42,9 +42,10 @@
 //!   checkpoint's rv this replays exactly the changes after it. `Watching { rv, open: Some }`
 //!   reads on the connection a streaming list handed over, without a new request. Each event
 //!   and bookmark moves `rv`. The client has no read timeout, so each `next()` is bounded by
-//!   an idle timeout; a closed or idle stream re-watches the same rv at once (no relist).
+//!   an idle timeout; a closed or idle stream re-watches the same rv at once (no relist),
+//!   unless it ended within half a second without an event: then after the backoff.
 //! * `Backoff` sleeps a jittered exponential delay (0.8 s .. 30 s, reset after a watch that
-//!   stayed healthy for 2 minutes), then goes to `then`. 429 and refused connections re-watch
+//!   delivered events or stayed open for 2 minutes), then goes to `then`. 429 and refused connections re-watch
 //!   the same rv: no relist.
 //! * Resource versions are opaque: compared for equality only.
 //! * Readiness (`/readyz`): a stream is synced after a list, or, resumed from a checkpoint,
@@ -88,6 +89,9 @@ use crate::model::{EventSource, Origin};
 use crate::observe::health::StreamPhase;
 use crate::observe::kube_error::in_words;
 
+/// The longest wait for a discovery answer (a few small documents).
+const DISCOVERY_ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Reflector {
     /// Runs the stream until `cancel` fires or the pipeline is gone.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), ReflectorError> {
@@ -120,11 +124,13 @@ impl Reflector {
     ///   diffed -> `Watching { list rv, open: Some(its connection) }`; a paginated list
     ///   complete and diffed -> `Watching { list rv, open: None }`; streaming lists rejected
     ///   (422/400) -> `Listing` (paginated from now on); a streaming list that ended early or
-    ///   sent DELETED -> `Listing`; another error -> `Backoff { Listing }`, or `WaitForKind`
+    ///   sent DELETED -> `Backoff { Listing }` (ended early twice in a row: paginated from now
+    ///   on); another error -> `Backoff { Listing }`, or `WaitForKind`
     ///   (404), or fatal (403 before the first list completed).
     /// * `Watching { open: None }` (`watch`) starts a watch request from `rv`; `Watching {
     ///   open: Some }` (`read_on`) reads on the streaming list's connection. Both read it
-    ///   (`consume_watch`) until: closed or idle -> `Watching { last rv, open: None }`; 410 Gone
+    ///   (`consume_watch`) until: closed or idle -> `Watching { last rv, open: None }` (closed
+    ///   within half a second without an event: `Backoff { Watching { .. } }`); 410 Gone
     ///   or too large rv -> `Listing`; 404 to the request -> `WaitForKind`; another error ->
     ///   `Backoff { Watching { last rv, open: None } }`.
     /// * `Backoff { then }`: -> `then` after a backoff delay.
@@ -149,7 +155,8 @@ impl Reflector {
 
     async fn discover(&mut self) -> Result<State, ReflectorError> {
         self.spec.limiter.until_ready().await;
-        let (ar, caps) = match discovery::pinned_kind(&self.spec.client, &self.spec.gvk).await {
+        let request = discovery::pinned_kind(&self.spec.client, &self.spec.gvk);
+        let (ar, caps) = match state::answered(DISCOVERY_ANSWER_TIMEOUT, "discovery request", request).await {
             Ok(found) => found,
             Err(e) if is_not_served(&e) => {
                 let message = format!(

@@ -82,6 +82,8 @@ pub struct Reflector {
     pub(super) state: State,
     /// Whether the apiserver accepts streaming lists: unknown until tried.
     pub(super) streaming: Option<bool>,
+    /// Streaming lists in a row that ended before their initial state was complete.
+    pub(super) streaming_cut: u32,
     pub(super) seq: u64,
     pub(super) backoff: ExponentialBackoff,
     pub(super) tx: mpsc::Sender<Item>,
@@ -145,6 +147,7 @@ impl Reflector {
             synced: false,
             state: State::Discover,
             streaming,
+            streaming_cut: 0,
             seq: 0,
             backoff: new_backoff(),
             tx,
@@ -228,6 +231,26 @@ impl Reflector {
     }
 }
 
+/// The longest wait for a list page's answer: the apiserver's own request timeout is a
+/// minute, an unpaginated list of a large collection may take several.
+pub(super) const LIST_ANSWER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `request`, failed with a timeout when no answer comes `within` (the client has no read
+/// timeout: a server or proxy that accepts the connection and never answers would hold the
+/// stream forever, silently).
+pub(super) async fn answered<T>(
+    within: Duration,
+    what: &str,
+    request: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    tokio::time::timeout(within, request).await.unwrap_or_else(|_| {
+        Err(kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer to the {what} within {} s", within.as_secs()),
+        ))))
+    })
+}
+
 pub(super) fn new_backoff() -> ExponentialBackoff {
     ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(800))
@@ -241,4 +264,19 @@ pub(super) fn new_backoff() -> ExponentialBackoff {
 /// The resourceVersion or continue token asked for is no longer available.
 pub(super) fn is_gone(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 410)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_never_answered_fails_after_its_timeout_naming_it() {
+        let never = std::future::pending::<Result<(), kube::Error>>();
+        let e = answered(Duration::from_secs(300), "watch request", never).await.unwrap_err();
+        let text = crate::observe::kube_error::in_words(&e).to_string();
+        assert!(text.contains("no answer to the watch request within 300 s"), "{text}");
+        let quick = async { Ok::<_, kube::Error>(7) };
+        assert_eq!(answered(Duration::from_secs(1), "list request", quick).await.unwrap(), 7);
+    }
 }

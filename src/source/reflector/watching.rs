@@ -10,12 +10,16 @@ use tracing::{debug, info, warn};
 
 use super::diff;
 use super::spec::ReflectorError;
-use super::state::{Closed, OpenWatch, Reflector, State, is_gone, new_backoff};
+use super::state::{Closed, OpenWatch, Reflector, State, answered, is_gone, new_backoff};
 use crate::model::{Effect, Origin, RawObject, Verb};
 use crate::observe::kube_error::in_words;
 
 /// A watch that lived this long resets the backoff.
 const HEALTHY_AFTER: Duration = Duration::from_secs(120);
+/// A watch that ends this soon without a single event (an empty answer, a proxy that closes
+/// at once) is opened again after the backoff, not at once: as client-go does, so that one
+/// broken path does not spend the apiserver rate limit all streams share.
+const QUICK_END: Duration = Duration::from_millis(500);
 /// A stream resumed from its checkpoint counts as synced once its first watch delivered an
 /// event or a bookmark, or stayed this long without an error: the 410 of an expired
 /// resourceVersion can come as the first event of an accepted watch.
@@ -31,7 +35,8 @@ impl Reflector {
         let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
-        let stream = match crate::source::watch::start(&self.target().api, &wp, &rv, self.spec.shard.as_ref()).await {
+        let request = crate::source::watch::start(&self.target().api, &wp, &rv, self.spec.shard.as_ref());
+        let stream = match answered(self.idle_timeout(), "watch request", request).await {
             Ok(s) => s,
             Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -74,6 +79,7 @@ impl Reflector {
         S: futures::Stream<Item = Result<WatchEvent<RawObject>, kube::Error>>,
     {
         let idle = self.idle_timeout();
+        let mut events = 0u64;
         loop {
             let next = tokio::time::timeout(idle, stream.try_next());
             let next = match confirm {
@@ -101,12 +107,15 @@ impl Reflector {
                     break;
                 }
                 Ok(Ok(None)) => break,
+                // A 410 written as a bare Status line rather than an ERROR event: the same.
+                Ok(Err(e)) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
                 Ok(Err(e)) => {
                     warn!(stream = %self.spec.name, error = %in_words(&e), "watch stream failed; re-watching after backoff");
                     return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
                 }
                 Ok(Ok(Some(ev))) => ev,
             };
+            events += 1;
             let (verb, obj) = match event {
                 WatchEvent::Added(o) => (Verb::Added, o),
                 WatchEvent::Modified(o) => (Verb::Modified, o),
@@ -148,7 +157,12 @@ impl Reflector {
                 return Ok(Err(Closed));
             }
         }
-        if started.elapsed() >= HEALTHY_AFTER {
+        if events == 0 && started.elapsed() < QUICK_END {
+            debug!(stream = %self.spec.name, "watch ended at once without an event; re-watching after backoff");
+            return Ok(Ok(State::Backoff { then: Box::new(State::Watching { rv, open: None }) }));
+        }
+        // Progress (events, or a watch that lasted) ends a series of failures.
+        if events > 0 || started.elapsed() >= HEALTHY_AFTER {
             self.backoff = new_backoff();
         }
         Ok(Ok(State::Watching { rv, open: None }))
