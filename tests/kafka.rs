@@ -49,6 +49,25 @@ impl Record {
     }
 }
 
+/// Waits until kubecast's `kubecast_checkpoint_lag` (items read but not acknowledged, set after
+/// each checkpoint cycle) adds up to at least `n`.
+async fn wait_lag_at_least(kc: &mut Kubecast, n: f64) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, metrics) = kc.admin_get("/metrics").await;
+        let lag: f64 = metrics
+            .lines()
+            .filter(|l| l.starts_with("kubecast_checkpoint_lag{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        if lag >= n {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "checkpoint lag {lag} never reached {n}:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Reads `topic` from the beginning until `done` holds for everything read so far.
 async fn consume_until(topic: &str, what: &str, done: impl Fn(&[Record]) -> bool) -> Vec<Record> {
     let consumer: StreamConsumer = ClientConfig::new()
@@ -424,7 +443,8 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
             })
             .await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // kubecast read the 1000 changes and a checkpoint cycle ran after it did.
+    wait_lag_at_least(&mut kc, 1000.0).await;
     // Nothing of the outage is acknowledged, so the checkpoint has not moved.
     let during = kc.checkpoints()[0].clone();
     let during_rv: u64 = during["resource_version"].as_str().unwrap().parse().unwrap();
@@ -436,9 +456,10 @@ async fn a_60_s_broker_outage_with_a_kill_9_loses_nothing() {
     assert_eq!(during["objects"], acked_before["objects"]);
     kc.kill9();
     kc.restart(&[]);
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(kc.checkpoints()[0]["resource_version"], during["resource_version"]);
+    // The new process read the changes again from the checkpoint, and still acknowledged none.
     kc.wait_ready_reason("sink: broker not reachable").await;
+    wait_lag_at_least(&mut kc, 1000.0).await;
+    assert_eq!(kc.checkpoints()[0]["resource_version"], during["resource_version"]);
     let left = Duration::from_secs(60).saturating_sub(outage.elapsed());
     tokio::time::sleep(left).await;
     drop(broker_back);

@@ -59,30 +59,7 @@ impl Store {
     /// The latest value of every key (`None`: deleted).
     async fn records(&self) -> HashMap<String, Option<Vec<u8>>> {
         match self.kind {
-            Kind::Kafka => {
-                let c: BaseConsumer = ClientConfig::new()
-                    .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
-                    .set("group.id", common::unique("state-reader"))
-                    .set("isolation.level", "read_committed")
-                    .set("enable.partition.eof", "true")
-                    .set("auto.offset.reset", "earliest")
-                    .create()
-                    .unwrap();
-                c.subscribe(&[&self.name]).unwrap();
-                let mut out = HashMap::new();
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
-                    assert!(Instant::now() < deadline, "state topic {} not read to its end", self.name);
-                    match c.poll(Duration::from_millis(500)) {
-                        Some(Ok(m)) => {
-                            let k = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
-                            out.insert(k, m.payload().map(<[u8]>::to_vec));
-                        }
-                        Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
-                        _ => {}
-                    }
-                }
-            }
+            Kind::Kafka => self.kafka_history().into_iter().collect(),
             Kind::Nats => {
                 let client = async_nats::connect(common::env_var("NATS_URL")).await.unwrap();
                 let kv = async_nats::jetstream::new(client).get_key_value(&self.name).await.unwrap();
@@ -94,6 +71,33 @@ impl Store {
                     out.insert(k, v);
                 }
                 out
+            }
+        }
+    }
+
+    /// Every record of the Kafka state topic, in order (committed ones: the store writes in
+    /// transactions).
+    fn kafka_history(&self) -> Vec<(String, Option<Vec<u8>>)> {
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+            .set("group.id", common::unique("state-reader"))
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        c.subscribe(&[&self.name]).unwrap();
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            assert!(Instant::now() < deadline, "state topic {} not read to its end", self.name);
+            match c.poll(Duration::from_millis(500)) {
+                Some(Ok(m)) => {
+                    let k = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
+                    out.push((k, m.payload().map(<[u8]>::to_vec)));
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
+                _ => {}
             }
         }
     }
@@ -379,15 +383,36 @@ async fn paused_leader_never_moves_the_state(kind: Kind) {
     a.signal("CONT");
     let status = a.wait_exit(Duration::from_secs(10)).await;
     assert!(!status.success(), "{}", a.log());
-    // Whatever the old one tried after waking up, the stored state is the new leader's.
+    // Whatever the old one tried after waking up, the stored state is the new leader's: until
+    // the new leader's position (epoch 1) covers y.
     create_cms(&client, &ns.name, &names("y", 0..1)).await;
     b.wait_for("y from the new leader", WAIT, |e| e.len() >= 6).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let positions = store.positions().await;
-    assert_eq!(positions.len(), 1);
-    assert_eq!(positions[0]["epoch"], 1, "written under the new lease epoch: {positions:?}");
+    let y_rv: u64 = b.events().last().unwrap()["resourceversion"].as_str().unwrap().parse().unwrap();
+    let deadline = Instant::now() + WAIT;
+    let positions = loop {
+        let positions = store.positions().await;
+        let covered =
+            positions.first().and_then(|p| p["resource_version"].as_str()).and_then(|rv| rv.parse::<u64>().ok());
+        if positions.len() == 1 && positions[0]["epoch"] == 1 && covered.is_some_and(|rv| rv >= y_rv) {
+            break positions;
+        }
+        assert!(Instant::now() < deadline, "the new leader's position never covered y: {positions:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let log = b.log();
     assert!(log.contains(positions[0]["writer"].as_str().unwrap()), "the new leader wrote it:\n{positions:?}");
+    if kind == Kind::Kafka {
+        // The whole history: no position of the old epoch after the first of the new one.
+        let epochs: Vec<i64> = store
+            .kafka_history()
+            .iter()
+            .filter(|(k, _)| k.ends_with(".p"))
+            .filter_map(|(_, v)| v.as_ref())
+            .map(|v| serde_json::from_slice::<Value>(v).unwrap()["epoch"].as_i64().unwrap())
+            .collect();
+        let first_new = epochs.iter().position(|e| *e == 1).expect("a position of epoch 1");
+        assert!(epochs[first_new..].iter().all(|e| *e == 1), "an old-epoch position after the takeover: {epochs:?}");
+    }
     assert!(b.stop().success(), "{}", b.log());
 }
 
