@@ -227,8 +227,9 @@ events = ["added", "deleted"]
     create_cm(&client, &ns1.name, "zz-last", json!({"app": "keep"}), json!({})).await; // yes
 
     let last = format!("{}/zz-last", ns1.name);
+    // Barriers: zz-last is the last change of ns1's stream, the delete of chosen of ns2's
+    // (each stream delivers in order), so anything the selectors let through came before.
     kc.wait_for("last events", WAIT, |e| has(e, &last, "added") && has(e, &c2, "deleted")).await;
-    tokio::time::sleep(GRACE).await;
     let evs = kc.events();
     let mut got: Vec<String> = evs.iter().map(|e| format!("{} {}", e["subject"].as_str().unwrap(), verb(e))).collect();
     got.sort();
