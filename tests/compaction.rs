@@ -14,7 +14,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
-const GRACE: Duration = Duration::from_millis(1500);
 
 fn checkpoint_rv(kc: &Kubecast) -> Option<String> {
     let cps = kc.checkpoints();
@@ -55,12 +54,7 @@ async fn resume_after_compaction_relists_and_diffs_every_create_update_and_delet
     let env = [("KUBECONFIG", kubeconfig.as_str())];
     let mut kc = Kubecast::start_with_checkpoint(&cm_config(&ns.name, ""), "flush_interval_ms = 100", &env);
     kc.wait_for("snapshot", WAIT, |e| e.len() == 60).await;
-    let deadline = Instant::now() + WAIT;
-    while checkpoint_rv(&kc).is_none() {
-        assert!(Instant::now() < deadline, "no checkpoint written\n{}", kc.log());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    common::settle(&mut kc, &client, &ns.name, json!({})).await;
     let rv = checkpoint_rv(&kc).unwrap();
     let n_before = kc.events().len();
     kc.kill9();
@@ -70,9 +64,9 @@ async fn resume_after_compaction_relists_and_diffs_every_create_update_and_delet
 
     kc.restart(&env);
     kc.wait_for("the resync", WAIT, |e| e.len() >= n_before + 100).await;
-    tokio::time::sleep(GRACE).await;
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
     let all = kc.events();
-    let after = &all[n_before..];
+    let after = &common::without(&all[n_before..], &barrier);
     assert_eq!(after.len(), 100, "exactly the 100 changes:\n{}", common::pretty(after));
     assert!(after.iter().all(|e| e["origin"] == "resync"), "{}", common::pretty(after));
     assert_exact_changes(after, &expected, &deleted, &ns.name, &names("c", 50..60));
@@ -91,8 +85,9 @@ async fn resume_after_compaction_relists_and_diffs_every_create_update_and_delet
     // And the checkpoint now resumes cleanly: a restart emits nothing.
     let n = kc.events().len();
     kc.restart(&env);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(kc.events().len(), n, "nothing re-emitted after the resync was checkpointed");
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
+    let again = common::without(&kc.events()[n..], &barrier);
+    assert!(again.is_empty(), "nothing re-emitted after the resync was checkpointed:\n{}", common::pretty(&again));
     assert!(kc.stop().success());
 }
 
@@ -119,9 +114,9 @@ async fn a_410_while_running_relists_and_diffs_without_duplicating_unchanged_obj
     kc.signal("CONT");
 
     kc.wait_for("the resync", WAIT, |e| e.len() >= 161).await;
-    tokio::time::sleep(GRACE).await;
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
     let all = kc.events();
-    let after = &all[61..];
+    let after = &common::without(&all[61..], &barrier);
     assert_eq!(after.len(), 100, "exactly the 100 changes:\n{}", common::pretty(after));
     assert!(after.iter().all(|e| e["origin"] == "resync"), "{}", common::pretty(after));
     let mut untouched = names("c", 50..59);
@@ -196,10 +191,13 @@ async fn a_quiet_filtered_stream_keeps_its_checkpoint_fresh_through_bookmarks() 
         assert!(Instant::now() < deadline, "{}", kc.log());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The barrier passes the selector: its event is the only one.
+    let barrier = common::settle(&mut kc, &client, &quiet.name, json!({"never": "matches"})).await;
     let log = kc.log();
     assert!(!log.contains("relisting"), "resumed from the bookmark without a relist:\n{log}");
-    assert!(kc.events().is_empty());
+    let evs = kc.events();
+    assert_eq!(evs.len(), 1, "{}", common::pretty(&evs));
+    assert_eq!(evs[0]["subject"], barrier.as_str());
     assert!(kc.stop().success());
 }
 
@@ -315,9 +313,10 @@ async fn a_resync_delete_is_not_dropped_by_a_filter_it_cannot_be_judged_by() {
     let env = [("KUBECONFIG", kubeconfig.as_str())];
     let config = format!("{}filter = \"has(object.data) && object.data.keep == 'yes'\"\n", cm_config(&ns.name, ""));
     let mut kc = Kubecast::start_with_checkpoint(&config, "", &env);
-    let evs = kc.wait_for("the snapshot of kept", WAIT, |e| !e.is_empty()).await;
-    tokio::time::sleep(GRACE).await;
-    assert_eq!(kc.events().len(), 1, "the filter passes only kept: {}", common::pretty(&evs));
+    kc.wait_for("the snapshot of kept", WAIT, |e| !e.is_empty()).await;
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
+    let evs = common::without(&kc.events(), &barrier);
+    assert_eq!(evs.len(), 1, "the filter passes only kept: {}", common::pretty(&evs));
     assert!(kc.stop().success(), "{}", kc.log());
     let rv = checkpoint_rv(&kc).expect("the final checkpoint");
 
@@ -325,7 +324,8 @@ async fn a_resync_delete_is_not_dropped_by_a_filter_it_cannot_be_judged_by() {
     wait_until_expired(&api, &rv).await;
     kc.restart(&env);
     kc.wait_log("list complete", 2).await;
-    let evs = kc.wait_for("the resync delete of kept", WAIT, |e| e.len() >= 2).await;
+    let evs = kc.wait_for("the resync delete of kept", WAIT, |e| common::without(e, &barrier).len() >= 2).await;
+    let evs = common::without(&evs, &barrier);
     let d = &evs[1];
     assert_eq!((verb(d), d["origin"].as_str()), ("deleted", Some("resync")), "{}", common::pretty(&evs));
     assert_eq!(d["subject"], format!("{}/kept", ns.name).as_str());
@@ -369,8 +369,8 @@ async fn a_list_that_outlives_its_continue_token_finishes_as_one_unpaginated_lis
     }
     writer.abort();
     kc.wait_for("the snapshot", WAIT, |e| e.len() >= listed.len()).await;
-    tokio::time::sleep(GRACE).await;
-    let events = kc.events();
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
+    let events = common::without(&kc.events(), &barrier);
     let ids: BTreeSet<String> = events.iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(ids.len(), events.len(), "each object once:\n{}", common::pretty(&events));
     let want: BTreeSet<String> = listed.values().map(|(uid, rv)| format!("{uid}:{rv}:added")).collect();

@@ -15,7 +15,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
-const GRACE: Duration = Duration::from_millis(1500);
 
 async fn update_cm(api: &Api<ConfigMap>, name: &str, v: &str) -> (String, String) {
     let c = api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"data": {"v": v}}))).await.expect("patch");
@@ -78,15 +77,14 @@ async fn kill_9_then_100_changes_while_down_are_emitted_exactly_and_nothing_else
 
     kc.restart(&[]);
     let n_before = before.len();
-    let all = kc
-        .wait_for("the 100 changes", WAIT, |e| {
-            let after: HashSet<String> = ids(&e[n_before.min(e.len())..]).into_iter().collect();
-            let deletes = e[n_before.min(e.len())..].iter().filter(|e| verb(e) == "deleted").count();
-            expected.iter().all(|id| after.contains(id)) && deletes >= 20
-        })
-        .await;
-    tokio::time::sleep(GRACE).await;
-    let all = if kc.events().len() > all.len() { kc.events() } else { all };
+    kc.wait_for("the 100 changes", WAIT, |e| {
+        let after: HashSet<String> = ids(&e[n_before.min(e.len())..]).into_iter().collect();
+        let deletes = e[n_before.min(e.len())..].iter().filter(|e| verb(e) == "deleted").count();
+        expected.iter().all(|id| after.contains(id)) && deletes >= 20
+    })
+    .await;
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
+    let all = common::without(&kc.events(), &barrier);
     let after = &all[n_before..];
     let before_ids: HashSet<String> = ids(&before).into_iter().collect();
 
@@ -177,16 +175,17 @@ async fn a_changed_selector_gets_its_own_checkpoint_and_initial_now_emits_only_n
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     update_cm(&api, "c00", "x").await; // filtered out by the field selector
     let (uid, rv) = update_cm(&api, "c01", "x").await;
-    let evs = kc.wait_for("c01 modified", WAIT, |e| e.len() > 5).await;
-    tokio::time::sleep(GRACE).await;
-    let evs = if kc.events().len() > evs.len() { kc.events() } else { evs };
+    kc.wait_for("c01 modified", WAIT, |e| e.len() > 5).await;
+    let barrier = common::settle(&mut kc, &client, &ns.name, json!({})).await;
+    let evs = common::without(&kc.events(), &barrier);
     assert_eq!(ids(&evs[5..]), [format!("{uid}:{rv}:modified")], "initial = now: no snapshot, only the new change");
     assert!(kc.stop().success());
     let cps = kc.checkpoints();
     assert_eq!(cps.len(), 2);
     assert!(cps.iter().any(|c| c["resource_version"].as_str() == old.0.as_deref()), "old checkpoint untouched");
     let new = cps.iter().find(|c| c["stream"]["field_selector"] == "metadata.name!=c00").unwrap();
-    assert_eq!(new["objects"].as_array().unwrap().len(), 4, "initial = now still indexes existing objects");
+    // c01..c04 and the barrier.
+    assert_eq!(new["objects"].as_array().unwrap().len(), 5, "initial = now still indexes existing objects");
 }
 
 const GROUP: &str = "e2e.kubecast.io";
@@ -297,8 +296,10 @@ async fn a_crd_deleted_and_recreated_while_watched() {
     create_crd(&client, &plural, &kind).await;
     let (u3, rv3) = create_cr(&client, &ns.name, &plural, &kind, "g3").await;
     kc.wait_for("g3 added", WAIT, |e| e.iter().any(|e| e["partitionkey"] == u3.as_str())).await;
-    tokio::time::sleep(GRACE).await;
-    let evs = kc.events();
+    // A last change, to wait for everything before it (see `common::settle`).
+    let (barrier, barrier_rv) = create_cr(&client, &ns.name, &plural, &kind, "barrier").await;
+    common::settle_at(&mut kc, barrier_rv.parse().unwrap(), "the barrier").await;
+    let evs: Vec<Value> = kc.events().into_iter().filter(|e| e["partitionkey"] != barrier.as_str()).collect();
     let mut got: Vec<(String, String)> =
         evs.iter().map(|e| (e["partitionkey"].as_str().unwrap().to_string(), verb(e).to_string())).collect();
     got.sort();

@@ -15,7 +15,6 @@ use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// After the last expected event, how long we keep looking for unexpected extra events.
-const GRACE: Duration = Duration::from_millis(1500);
 
 fn has(evs: &[Value], subject: &str, verb_: &str) -> bool {
     evs.iter().any(|e| e["subject"] == subject && verb(e) == verb_)
@@ -44,7 +43,7 @@ async fn configmap_create_modify_delete_gives_exactly_three_events_with_the_cont
 
     let subject = format!("{}/demo", ns.name);
     kc.wait_for("the delete of demo", WAIT, |e| has(e, &subject, "deleted")).await;
-    tokio::time::sleep(GRACE).await;
+    common::settle(&mut kc, &client, &ns.name, json!({})).await;
     let all = kc.events();
     let evs = about(&all, &subject);
     let verbs: Vec<&str> = evs.iter().map(|e| verb(e)).collect();

@@ -21,7 +21,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
-const GRACE: Duration = Duration::from_millis(1500);
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kind {
@@ -140,6 +139,22 @@ impl Store {
         }
     }
 
+    /// Waits until kubecast has delivered every change made so far in `ns`: makes a barrier
+    /// change and waits until a stored position reaches it (see `common::settle`). Returns the
+    /// barrier's subject.
+    async fn settle(&self, client: &kube::Client, ns: &str) -> String {
+        let b = common::barrier(client, ns, json!({})).await;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let at = |p: &Value| p["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
+            if self.positions().await.iter().any(|p| at(p).is_some_and(|at| at >= b.rv)) {
+                return b.subject;
+            }
+            assert!(Instant::now() < deadline, "no position in {} reached {} ({})", self.name, b.subject, b.rv);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn exists(&self) -> bool {
         match self.kind {
             Kind::Kafka => true,
@@ -176,8 +191,8 @@ async fn replaced_pod_resumes_from_the_broker_after_410(kind: Kind) {
     // A new pod: a fresh directory, the same config.
     let mut second = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
     second.wait_for("the 100 changes", WAIT, |e| e.len() >= 100).await;
-    tokio::time::sleep(GRACE).await;
-    let after = second.events();
+    let barrier = store.settle(&client, &ns.name).await;
+    let after = common::without(&second.events(), &barrier);
     assert_eq!(after.len(), 100, "exactly the 100 changes, no snapshot:\n{}", common::pretty(&after));
     let got: BTreeSet<String> =
         after.iter().filter(|e| verb(e) != "deleted").map(|e| e["id"].as_str().unwrap().to_string()).collect();
@@ -193,8 +208,9 @@ async fn replaced_pod_resumes_from_the_broker_after_410(kind: Kind) {
 
     let mut third = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
     third.wait_ready(200).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(third.events().is_empty(), "nothing again:\n{}", common::pretty(&third.events()));
+    let barrier = store.settle(&client, &ns.name).await;
+    let again = common::without(&third.events(), &barrier);
+    assert!(again.is_empty(), "nothing again:\n{}", common::pretty(&again));
     assert!(third.stop().success(), "{}", third.log());
 }
 
@@ -320,7 +336,7 @@ async fn failover_loses_nothing(kind: Kind) {
         .collect();
     let last = want_ids.last().unwrap().clone();
     b.wait_for("the last change", WAIT, |e| e.iter().any(|e| e["id"] == last.as_str())).await;
-    tokio::time::sleep(GRACE).await;
+    store.settle(&client, &ns.name).await;
 
     // Both outputs, duplicates dropped by id, in the order each process published.
     let mut seen = std::collections::HashSet::new();

@@ -19,7 +19,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-const GRACE: Duration = Duration::from_millis(2500);
 
 /// `kubecast state ARGS --config CONFIG`: (success, stdout, stderr).
 fn state(config: &Path, args: &[&str]) -> (bool, String, String) {
@@ -92,6 +91,37 @@ fn chrono_age(t: &str) -> i64 {
     (chrono::Utc::now() - then.with_timezone(&chrono::Utc)).num_seconds()
 }
 
+/// Waits until the kubecast running with `cfg` has delivered every change made so far in `ns`:
+/// a barrier change, then `state list` until a stream's resume point reaches it (see
+/// `common::settle`; works with every store).
+async fn settle(k: &mut Kubecast, client: &kube::Client, ns: &str) {
+    let b = common::barrier(client, ns, json!({})).await;
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let listed: Value = serde_json::from_str(&state_ok(&config_of(k), &["list", "-o", "json"])).unwrap();
+        let at = |s: &Value| s["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
+        if listed.as_array().unwrap().iter().any(|s| at(s).is_some_and(|at| at >= b.rv)) {
+            return;
+        }
+        if let Some(status) = k.exited() {
+            panic!("kubecast exited ({status}) before delivering {}\n{}", b.subject, k.log());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no position reached {} ({}): {listed:#}\n{}",
+            b.subject,
+            b.rv,
+            k.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `evs` without the events of [`settle`]'s barriers.
+fn real(evs: &[Value]) -> Vec<Value> {
+    evs.iter().filter(|e| !e["subject"].as_str().unwrap_or("").contains("/barrier-")).cloned().collect()
+}
+
 fn subjects(evs: &[Value]) -> BTreeSet<String> {
     evs.iter().map(|e| format!("{} {}", verb(e), e["subject"].as_str().unwrap())).collect()
 }
@@ -111,7 +141,6 @@ async fn file_state_exported_and_imported_into_kafka_and_nats_resumes_without_sn
     let config = cm_config(&ns.name, "");
     let mut first = Kubecast::start_with_checkpoint(&config, &Store::File.lines(""), &[]);
     first.wait_for("snapshot", WAIT, |e| e.len() == 3).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(first.stop().success(), "{}", first.log());
     let stored_rv = first.checkpoints()[0]["resource_version"].as_str().unwrap().to_string();
     let cfg = config_of(&first);
@@ -185,8 +214,8 @@ async fn file_state_exported_and_imported_into_kafka_and_nats_resumes_without_sn
 
         let mut k = Kubecast::start_with_checkpoint(&config, &store.lines(&name), &[]);
         k.wait_for("the 3 changes", WAIT, |e| e.len() >= 3).await;
-        tokio::time::sleep(GRACE).await;
-        let evs = k.events();
+        settle(&mut k, &client, &ns.name).await;
+        let evs = real(&k.events());
         assert_eq!(subjects(&evs), want, "{store:?}: only the changes, no snapshot:\n{}", common::pretty(&evs));
         assert_eq!(evs.len(), 3, "{store:?}:\n{}", common::pretty(&evs));
         assert!(k.stop().success(), "{}", k.log());
@@ -216,7 +245,6 @@ async fn reset_now_then_snapshot(store: Store) {
     let config = cm_config(&ns.name, "");
     let mut k = Kubecast::start_with_checkpoint(&config, &store.lines(&name), &[]);
     k.wait_for("snapshot", WAIT, |e| e.len() == 3).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(k.stop().success(), "{}", k.log());
     let cfg = config_of(&k);
     let id = serde_json::from_str::<Value>(&state_ok(&cfg, &["list", "-o", "json"])).unwrap()[0]["stream"]
@@ -237,12 +265,13 @@ async fn reset_now_then_snapshot(store: Store) {
     let before = k.events().len();
     k.restart(&[]);
     k.wait_ready(200).await;
-    tokio::time::sleep(GRACE).await;
-    assert_eq!(k.events().len(), before, "nothing for existing objects:\n{}", common::pretty(&k.events()[before..]));
+    settle(&mut k, &client, &ns.name).await;
+    let after = real(&k.events()[before..]);
+    assert!(after.is_empty(), "nothing for existing objects:\n{}", common::pretty(&after));
     api.patch("c2", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "2"}}))).await.unwrap();
-    let evs = k.wait_for("the change after the reset", WAIT, |e| e.len() > before).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = &k.events()[before..];
+    let evs = k.wait_for("the change after the reset", WAIT, |e| real(&e[before..]).len() > 0).await;
+    settle(&mut k, &client, &ns.name).await;
+    let after = &real(&k.events()[before..]);
     assert_eq!(subjects(after), [format!("modified {}/c2", ns.name)].into_iter().collect(), "{}", common::pretty(&evs));
     assert!(k.stop().success(), "{}", k.log());
 
@@ -253,9 +282,9 @@ async fn reset_now_then_snapshot(store: Store) {
     assert_eq!(listed[0]["resource_version"], Value::Null, "{listed:#}");
     let before = k.events().len();
     k.restart(&[]);
-    k.wait_for("everything again", WAIT, |e| e.len() >= before + 3).await;
-    tokio::time::sleep(GRACE).await;
-    let again = &k.events()[before..];
+    k.wait_for("everything again", WAIT, |e| real(&e[before..]).len() >= 3).await;
+    settle(&mut k, &client, &ns.name).await;
+    let again = &real(&k.events()[before..]);
     let want: BTreeSet<String> = ["c1", "c2", "c4"].iter().map(|n| format!("added {}/{n}", ns.name)).collect();
     assert_eq!(subjects(again), want, "{}", common::pretty(again));
     assert_eq!(again.len(), 3, "{}", common::pretty(again));
@@ -274,9 +303,9 @@ async fn reset_now_then_snapshot(store: Store) {
     assert!(out.0, "{}", out.2);
     let before = k.events().len();
     k.restart(&[]);
-    k.wait_for("everything again with initial = now", WAIT, |e| e.len() >= before + 3).await;
-    tokio::time::sleep(GRACE).await;
-    let again = &k.events()[before..];
+    k.wait_for("everything again with initial = now", WAIT, |e| real(&e[before..]).len() >= 3).await;
+    settle(&mut k, &client, &ns.name).await;
+    let again = &real(&k.events()[before..]);
     assert_eq!(subjects(again), want, "{}", common::pretty(again));
     assert_eq!(again.len(), 3, "{}", common::pretty(again));
     assert!(again.iter().all(|e| e["origin"] == "snapshot"), "{}", common::pretty(again));
@@ -284,8 +313,9 @@ async fn reset_now_then_snapshot(store: Store) {
     let before = k.events().len();
     k.restart(&[]);
     k.wait_ready(200).await;
-    tokio::time::sleep(GRACE).await;
-    assert_eq!(k.events().len(), before, "the mark was cleared:\n{}", common::pretty(&k.events()[before..]));
+    settle(&mut k, &client, &ns.name).await;
+    let again = real(&k.events()[before..]);
+    assert!(again.is_empty(), "the mark was cleared:\n{}", common::pretty(&again));
     assert!(k.stop().success(), "{}", k.log());
 }
 

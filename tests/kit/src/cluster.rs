@@ -165,3 +165,55 @@ pub async fn wait_until_expired(api: &Api<ConfigMap>, rv: &str) {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
+
+/// A ConfigMap made to mark a point in a namespace's history ([`barrier`]).
+pub struct Barrier {
+    /// `<namespace>/<name>`, the subject of its events.
+    pub subject: String,
+    /// Its resourceVersion (the test apiservers' are numbers).
+    pub rv: u64,
+}
+
+/// Creates ConfigMap `barrier-<n>` in `ns` with `labels` (which must match the label selector
+/// of the stream that is to see it).
+pub async fn barrier(client: &Client, ns: &str, labels: Value) -> Barrier {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let name = format!("barrier-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let cm = create_cm(client, ns, &name, labels, json!({})).await;
+    let rv = cm.metadata.resource_version.unwrap();
+    Barrier { subject: format!("{ns}/{name}"), rv: rv.parse().expect("the test apiserver's resourceVersions are numbers") }
+}
+
+/// Waits until `kc` has delivered every change made so far in `ns` (a namespace its config
+/// watches, with the harness's file checkpoints), instead of waiting a fixed time for
+/// stragglers: makes a [`barrier`] and waits until a checkpoint has reached its
+/// resourceVersion. A checkpoint never passes an event the sink has not acknowledged, so every
+/// event of an earlier change, repeats included, is in the sink by then. Returns the barrier's
+/// subject: its events are the caller's to leave out ([`crate::without`]).
+pub async fn settle(kc: &mut crate::Kubecast, client: &Client, ns: &str, labels: Value) -> String {
+    let b = barrier(client, ns, labels).await;
+    settle_at(kc, b.rv, &b.subject).await;
+    b.subject
+}
+
+/// Waits until a checkpoint of `kc` (file checkpoints) has reached resourceVersion `rv`, the
+/// one of the change `what` (see [`settle`]).
+pub async fn settle_at(kc: &mut crate::Kubecast, rv: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let at = |c: &Value| c["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
+        if kc.checkpoints().iter().any(|c| at(c).is_some_and(|at| at >= rv)) {
+            return;
+        }
+        if let Some(status) = kc.exited() {
+            panic!("kubecast exited ({status}) before delivering {what}\nlog:\n{}", kc.log());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint reached {what} (resourceVersion {rv}) in 60 s: {:?}\nlog:\n{}",
+            kc.checkpoints(),
+            kc.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

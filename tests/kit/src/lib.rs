@@ -21,12 +21,12 @@ pub mod sink;
 pub mod traffic;
 
 pub use cluster::{
-    TestNamespace, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, lease_cm_config, names,
-    unique, wait_until_expired,
+    Barrier, TestNamespace, barrier, client, client_for, cm_config, create_cm, create_cms, create_namespace, hundred_changes, lease_cm_config,
+    names, settle, settle_at, unique, wait_until_expired,
 };
 pub use env::{
     Env, Paused, Stopped, compacting_kubeconfig, compacting_up, env, env_file, env_script, env_up, env_var, kubeconfig, repo_root,
     sharded_kubeconfig,
 };
 pub use process::{Kubecast, bin, set_bin};
-pub use sink::{about, pretty, read_events, verb};
+pub use sink::{about, pretty, read_events, verb, without};

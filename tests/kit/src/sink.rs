@@ -31,3 +31,8 @@ pub fn about<'a>(evs: &'a [Value], subject: &str) -> Vec<&'a Value> {
 pub fn verb(e: &Value) -> &str {
     e["type"].as_str().unwrap().rsplit('.').next().unwrap()
 }
+
+/// `evs` without the events about `subject` (e.g. a barrier of [`crate::settle`]).
+pub fn without(evs: &[Value], subject: &str) -> Vec<Value> {
+    evs.iter().filter(|e| e["subject"] != subject).cloned().collect()
+}
