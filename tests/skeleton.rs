@@ -14,7 +14,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
-/// After the last expected event, how long we keep looking for unexpected extra events.
 
 fn has(evs: &[Value], subject: &str, verb_: &str) -> bool {
     evs.iter().any(|e| e["subject"] == subject && verb(e) == verb_)

@@ -269,7 +269,7 @@ async fn reset_now_then_snapshot(store: Store) {
     let after = real(&k.events()[before..]);
     assert!(after.is_empty(), "nothing for existing objects:\n{}", common::pretty(&after));
     api.patch("c2", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "2"}}))).await.unwrap();
-    let evs = k.wait_for("the change after the reset", WAIT, |e| real(&e[before..]).len() > 0).await;
+    let evs = k.wait_for("the change after the reset", WAIT, |e| !real(&e[before..]).is_empty()).await;
     settle(&mut k, &client, &ns.name).await;
     let after = &real(&k.events()[before..]);
     assert_eq!(subjects(after), [format!("modified {}/c2", ns.name)].into_iter().collect(), "{}", common::pretty(&evs));
