@@ -176,8 +176,8 @@ async fn sigterm_under_load_exits_cleanly_and_the_restart_repeats_nothing_acked(
     k.restart(&[]);
     k.wait_for("all 300", WAIT, |e| e.iter().map(|x| x["id"].as_str().unwrap()).collect::<HashSet<_>>().len() >= 300)
         .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let all = k.events();
+    let barrier = common::settle(&mut k, &client, &ns.name, json!({})).await;
+    let all = common::without(&k.events(), &barrier);
     let second = &all[first.len()..];
     for e in second {
         assert!(

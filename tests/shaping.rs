@@ -281,13 +281,15 @@ async fn cel_filters_select_exactly() {
     }
 
     let evs = phase.wait_for("two transitions to Ready", WAIT, |e| e.len() >= 2).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Filtered out (an `added`), it still moves the checkpoint.
+    rollout_barrier(&client, &ns.name, &mut [&mut phase]).await;
     let evs_now = phase.events();
     assert_eq!(evs_now.len(), 2, "only transitions into Ready:\n{}", common::pretty(&evs_now));
     assert!(evs.iter().all(|e| verb(e) == "modified" && e["data"]["spec"]["phase"] == "Ready"));
 
     labels.wait_for("team a", WAIT, |e| e.len() >= 2).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Without labels, filtered out: it still moves the checkpoint.
+    common::settle(&mut labels, &client, &ns.name, json!({})).await;
     let got: Vec<(String, String)> = labels
         .events()
         .iter()
@@ -343,8 +345,8 @@ async fn status_only_updates_are_dropped_and_patches_are_exact() {
 
     all.wait_for("all 8 changes", WAIT, |e| e.len() >= 8).await;
     let evs = k.wait_for("added, the spec change, deleted", WAIT, |e| e.len() >= 3).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let evs_now = k.events();
+    let barrier = rollout_barrier(&client, &ns.name, &mut [&mut k]).await;
+    let evs_now = common::without(&k.events(), &barrier);
     assert_eq!(evs_now.len(), 3, "{}", common::pretty(&evs_now));
     let verbs: Vec<&str> = evs.iter().map(verb).collect();
     assert_eq!(verbs, ["added", "modified", "deleted"]);
@@ -397,6 +399,22 @@ fn invalid_shaping_options_are_rejected_by_check_config() {
             assert!(err.contains(w), "{line}: {w:?} not in:\n{err}");
         }
     }
+}
+
+/// Creates Rollout `barrier-<unique>` and waits until each of `instances` has a checkpoint at
+/// its resourceVersion: every event of an earlier change is delivered then (see
+/// `common::settle`). Returns its subject.
+async fn rollout_barrier(client: &Client, ns: &str, instances: &mut [&mut Kubecast]) -> String {
+    let name = common::unique("barrier");
+    let mut r = DynamicObject::new(&name, &rollout_resource()).within(ns);
+    r.data = json!({"spec": {"phase": "Barrier"}});
+    let r = rollouts_api(client, ns).create(&PostParams::default(), &r).await.unwrap();
+    let rv = r.metadata.resource_version.unwrap().parse().unwrap();
+    let subject = format!("{ns}/{name}");
+    for k in instances {
+        common::settle_at(k, rv, &subject).await;
+    }
+    subject
 }
 
 fn rollout_resource() -> ApiResource {

@@ -60,7 +60,6 @@ pub fn cm_config(ns: &str, cluster_extra: &str) -> String {
     )
 }
 
-/// A unique name with a readable prefix.
 /// [`cm_config`] with `[coordination]` on Lease `lease` in `ns`, with short timings (lease 4 s,
 /// renew deadline 2 s, retry 1 s) so that takeovers happen within seconds.
 pub fn lease_cm_config(ns: &str, lease: &str) -> String {
@@ -72,6 +71,7 @@ pub fn lease_cm_config(ns: &str, lease: &str) -> String {
     )
 }
 
+/// A unique name with a readable prefix.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
