@@ -93,9 +93,10 @@ impl Config {
         {
             // Checked by the sink's naming rules: the broker would refuse every dead letter.
             let problem = match self.sink.kind {
-                SinkType::Kafka => crate::sink::kafka::topic_name_problem(dest).map(|why| format!("{dest:?} is not a Kafka topic name: {why}")),
-                SinkType::Nats => (!crate::sink::nats::is_valid_subject(dest))
-                    .then(|| format!("{dest:?} is not a NATS subject to publish to: tokens separated by single dots, no empty token, no '*', '>' or whitespace")),
+                SinkType::Kafka => crate::sink::kafka::topic_name_problem(dest)
+                    .map(|why| format!("{dest:?} is not a Kafka topic name: {why}")),
+                SinkType::Nats => crate::sink::nats::subject_problem(dest)
+                    .map(|why| format!("{dest:?} is not a NATS subject to publish to: {why}")),
                 _ => None,
             };
             if let Some(message) = problem {
@@ -160,22 +161,25 @@ impl Config {
             _ => {}
         }
         if c.store == StoreKind::Kafka {
-            // The state store's producer is transactional (transaction.timeout.ms = 60000):
-            // librdkafka refuses to create it with longer delivery or socket timeouts, at every
-            // attempt to open the store.
+            // The state store's producer is transactional: librdkafka refuses to create it with
+            // delivery timeouts longer than its transaction.timeout.ms, or a socket timeout more
+            // than 100 ms longer, at every attempt to open the store.
+            let transaction_ms = crate::sink::kafka::transaction::TRANSACTION_TIMEOUT.as_millis() as u64;
             let (section, properties) = match (&c.kafka.brokers, &self.sink.kafka) {
                 (None, Some(k)) => ("sink.kafka.properties", &k.properties),
                 _ => ("checkpoint.kafka.properties", &c.kafka.properties),
             };
-            for (k, limit) in
-                [("message.timeout.ms", 60_000u64), ("delivery.timeout.ms", 60_000), ("socket.timeout.ms", 60_100)]
-            {
+            for (k, limit) in [
+                ("message.timeout.ms", transaction_ms),
+                ("delivery.timeout.ms", transaction_ms),
+                ("socket.timeout.ms", transaction_ms + 100),
+            ] {
                 if let Some(v) = properties.get(k).and_then(|v| v.trim().parse::<u64>().ok())
                     && v > limit
                 {
                     out.push(Problem::new(
                         format!("{section}.\"{k}\""),
-                        format!("is {v}; the Kafka state store's transactional producer accepts at most {limit} (its transaction.timeout.ms is 60000)"),
+                        format!("is {v}; the Kafka state store's transactional producer accepts at most {limit} (its transaction.timeout.ms is {transaction_ms})"),
                         format!("set at most {limit}, or remove it"),
                     ));
                 }
@@ -362,34 +366,37 @@ fn problem_of(e: &figment::Error) -> Problem {
         Kind::Message(m) => (m.clone(), "correct the TOML syntax at the position shown".into()),
         other => (other.to_string(), "correct the value".into()),
     };
-    let (mut message, mut fix) = (message, fix);
-    if e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
-        if matches!(
-            &e.kind,
-            Kind::InvalidType(
-                figment::error::Actual::Unsigned(_)
-                    | figment::error::Actual::Signed(_)
-                    | figment::error::Actual::Bool(_)
-                    | figment::error::Actual::Float(_),
-                _
-            )
-        ) {
-            // The environment's values are read as TOML values: digits become a number.
-            fix.push_str(" (from the environment, a string of digits is quoted: KUBECAST_...='\"123456\"'; a secret is better given as \"${env:NAME}\" in the file)");
-        }
-        // The path ends at the key figment refused: an unknown section's variables go on
-        // (`KUBECAST_CHECKPOINT_KAFKA__TOPIC`), so the variables themselves are named.
-        let var = format!("{ENV_PREFIX}{}", e.path.join("__").to_uppercase());
-        let below = format!("{var}__");
-        let mut set: Vec<String> = std::env::vars_os()
-            .filter_map(|(k, _)| k.into_string().ok())
-            .filter(|k| *k == var || k.starts_with(&below))
-            .collect();
-        set.sort();
-        let set = if set.is_empty() { var } else { set.join(", ") };
-        message.push_str(&format!(" (set by the environment variable {set})"));
+    if !e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
+        return Problem { key, message, fix };
     }
-    Problem { key, message, fix }
+    Problem {
+        key,
+        message: format!("{message} (set by the environment variable {})", variables_of(&e.path)),
+        fix: format!("{fix}{}", if is_scalar_type_error(&e.kind) { QUOTE_DIGITS } else { "" }),
+    }
+}
+
+/// The environment's values are read as TOML values: digits become a number.
+const QUOTE_DIGITS: &str = " (from the environment, a string of digits is quoted: KUBECAST_...='\"123456\"'; a secret is better given as \"${env:NAME}\" in the file)";
+
+/// Whether figment found a number or a boolean where it wanted another type.
+fn is_scalar_type_error(kind: &figment::error::Kind) -> bool {
+    use figment::error::{Actual, Kind};
+    matches!(kind, Kind::InvalidType(Actual::Unsigned(_) | Actual::Signed(_) | Actual::Bool(_) | Actual::Float(_), _))
+}
+
+/// The environment variables that set the key at `path`, or below it. The path ends at the key
+/// figment refused: an unknown section's variables go on (`KUBECAST_CHECKPOINT_KAFKA__TOPIC`),
+/// so the variables themselves are named.
+fn variables_of(path: &[String]) -> String {
+    let var = format!("{ENV_PREFIX}{}", path.join("__").to_uppercase());
+    let below = format!("{var}__");
+    let mut set: Vec<String> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| *k == var || k.starts_with(&below))
+        .collect();
+    set.sort();
+    if set.is_empty() { var } else { set.join(", ") }
 }
 
 /// The value figment found, as the error may show it: only its kind for a key that may hold a

@@ -302,18 +302,18 @@ pub fn subject_template(s: &str) -> Result<Template, String> {
     let t = Template::parse(s)?;
     let sample = Fields::sample();
     let rendered = t.render(&sample, clean_subject_token);
-    if !is_valid_subject(&rendered) {
-        return Err(format!(
-            "{s:?} does not make a valid NATS subject (e.g. {rendered:?}): tokens are separated by single dots, no empty token, no '*', '>' or whitespace"
-        ));
+    if let Some(why) = subject_problem(&rendered) {
+        return Err(format!("{s:?} does not make a valid NATS subject (e.g. {rendered:?}): {why}"));
     }
     Ok(t)
 }
 
-/// Whether `s` is a subject one can publish to (no wildcards, no empty token).
-pub fn is_valid_subject(s: &str) -> bool {
-    !s.is_empty()
-        && s.split('.').all(|t| !t.is_empty() && !t.contains(['*', '>']) && !t.chars().any(char::is_whitespace))
+/// Why `s` is not a subject one can publish to (wildcards, an empty token), in words; `None`
+/// if it is one.
+pub fn subject_problem(s: &str) -> Option<&'static str> {
+    let valid = !s.is_empty()
+        && s.split('.').all(|t| !t.is_empty() && !t.contains(['*', '>']) && !t.chars().any(char::is_whitespace));
+    (!valid).then_some("tokens are separated by single dots, no empty token, no '*', '>' or whitespace")
 }
 
 /// Field values become subject tokens: ASCII letters, digits, `-` and `_` stay; every other

@@ -25,7 +25,7 @@ mod reconnect;
 
 pub use client::NatsSink;
 pub use config::{
-    DEFAULT_SUBJECT, Mode, NatsConfig, Storage, StreamSettings, TlsSettings, clean_subject_token, is_valid_subject,
+    DEFAULT_SUBJECT, Mode, NatsConfig, Storage, StreamSettings, TlsSettings, clean_subject_token, subject_problem,
     subject_template, url_problem,
 };
 pub use encode::encode;
