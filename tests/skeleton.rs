@@ -327,24 +327,23 @@ async fn a_selector_the_apiserver_refuses_is_a_clear_error_naming_it() {
 /// list cut twice gives way to paginated lists, and a watch that ends at once without an
 /// event is opened again after the backoff, not in a loop that would spend the rate limit
 /// every stream shares.
-#[tokio::test]
-async fn watches_that_end_at_once_are_opened_again_after_a_backoff_not_in_a_loop() {
-    use std::sync::{Arc, Mutex};
-    use std::time::Instant;
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "quickend").await;
-    create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
-    // (when, a streaming list) per watch request.
-    let watches: Arc<Mutex<Vec<(Instant, bool)>>> = Arc::default();
+/// Every request to a [`proxy`]: when, and its path and query.
+type Requests = std::sync::Arc<std::sync::Mutex<Vec<(std::time::Instant, String)>>>;
+
+/// A proxy in front of the test apiserver, as a broken gateway might be: `watch` answers each
+/// watch request (given its path and query) with a 200 and the body it returns; every other
+/// request is passed on. Returns a kubeconfig for it (in `dir`) and the requests it had.
+async fn proxy(client: &Client, dir: &std::path::Path, watch: fn(&str) -> String) -> (std::path::PathBuf, Requests) {
+    let requests: Requests = Default::default();
     let app = axum::Router::new().fallback({
-        let (client, watches) = (client.clone(), watches.clone());
+        let (client, requests) = (client.clone(), requests.clone());
         move |uri: axum::http::Uri| {
-            let (client, watches) = (client.clone(), watches.clone());
+            let (client, requests) = (client.clone(), requests.clone());
             async move {
                 let pq = uri.path_and_query().map_or_else(|| "/".to_string(), |p| p.as_str().to_string());
-                if pq.contains("watch=true") || pq.contains("watch=1") {
-                    watches.lock().unwrap().push((Instant::now(), pq.contains("sendInitialEvents=true")));
-                    return (axum::http::StatusCode::OK, String::new());
+                requests.lock().unwrap().push((std::time::Instant::now(), pq.clone()));
+                if is_watch(&pq) {
+                    return (axum::http::StatusCode::OK, watch(&pq));
                 }
                 match client.request_text(http::Request::get(pq).body(Vec::new()).unwrap()).await {
                     Ok(text) => (axum::http::StatusCode::OK, text),
@@ -359,8 +358,7 @@ async fn watches_that_end_at_once_are_opened_again_after_a_backoff_not_in_a_loop
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
+    let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &kubeconfig,
         format!(
@@ -368,20 +366,94 @@ async fn watches_that_end_at_once_are_opened_again_after_a_backoff_not_in_a_loop
         ),
     )
     .unwrap();
+    (kubeconfig, requests)
+}
+
+fn is_watch(path_and_query: &str) -> bool {
+    path_and_query.contains("watch=true") || path_and_query.contains("watch=1")
+}
+
+/// A proxy in front of the test apiserver that breaks watches (it answers
+/// each watch request with an empty body, as a broken proxy or gateway might): a streaming
+/// list cut twice gives way to paginated lists, and a watch that ends at once without an
+/// event is opened again after the backoff, not in a loop that would spend the rate limit
+/// every stream shares.
+#[tokio::test]
+async fn watches_that_end_at_once_are_opened_again_after_a_backoff_not_in_a_loop() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "quickend").await;
+    create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (kubeconfig, requests) = proxy(&client, dir.path(), |_| String::new()).await;
     let config = format!("[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\n", ns.name);
     let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
     kc.wait_log("using paginated lists for this stream", 1).await;
     let a = format!("{}/a", ns.name);
     kc.wait_for("a from the paginated list", WAIT, |e| about(e, &a).len() == 1).await;
     kc.wait_log("watch ended at once without an event; re-watching after backoff", 2).await;
-    let seen = watches.lock().unwrap().clone();
+    // (when, a streaming list) per watch request.
+    let seen: Vec<_> = requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, pq)| is_watch(pq))
+        .map(|(t, pq)| (*t, pq.contains("sendInitialEvents=true")))
+        .collect();
     assert!(kc.stop().success(), "{}", kc.log());
     let streaming = seen.iter().filter(|(_, s)| *s).count();
     assert_eq!(streaming, 2, "two streaming lists cut, then paginated lists: {seen:?}");
-    let plain: Vec<Instant> = seen.iter().filter(|(_, s)| !*s).map(|(t, _)| *t).collect();
+    let plain: Vec<std::time::Instant> = seen.iter().filter(|(_, s)| !*s).map(|(t, _)| *t).collect();
     // The second quick end was logged before its backoff: two or three watch requests so far,
     // the second at least the minimum backoff (0.8 s) after the first.
     assert!((2..=3).contains(&plain.len()), "{} watch requests: {seen:?}", plain.len());
     let gap = plain[1] - plain[0];
     assert!(gap >= Duration::from_millis(700), "re-watched {gap:?} after a watch that ended at once");
+}
+
+/// A proxy in front of the test apiserver answers every watch with 410 Gone, as an apiserver
+/// does when a list took longer than the history it keeps: the list is made again after the
+/// backoff, not in a loop at the rate limit (the list is what costs the apiserver most).
+#[tokio::test]
+async fn a_list_whose_watch_is_gone_at_once_is_made_again_after_a_backoff() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "gonelist").await;
+    create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (kubeconfig, requests) = proxy(&client, dir.path(), |_| {
+        r#"{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"too old resource version","reason":"Expired","code":410}}"#.to_string() + "\n"
+    })
+    .await;
+    let config = format!(
+        "[cluster]\nstreaming_lists = false\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"{}\"]\n",
+        ns.name
+    );
+    let mut kc = Kubecast::start_with(&config, &[("KUBECONFIG", kubeconfig.to_str().unwrap())]);
+    let a = format!("{}/a", ns.name);
+    kc.wait_for("a from the first list", WAIT, |e| about(e, &a).len() == 1).await;
+    kc.wait_log("(410 Gone)", 2).await;
+    let lists: Vec<std::time::Instant> = requests
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(_, pq)| pq.contains("/configmaps") && !is_watch(pq))
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(kc.stop().success(), "{}", kc.log());
+    // The second 410 was logged before its backoff: two or three lists so far, the second at
+    // least the minimum backoff (0.8 s) after the first.
+    assert!((2..=3).contains(&lists.len()), "{} lists: {lists:?}", lists.len());
+    let gap = lists[1] - lists[0];
+    assert!(gap >= Duration::from_millis(700), "listed again {gap:?} after the watch from the list was gone");
+    assert!(
+        kc.log().contains("the list's resourceVersion was no longer available when its watch began"),
+        "{}",
+        kc.log()
+    );
+    let evs = kc.events();
+    assert_eq!(
+        about(&evs, &a).len(),
+        1,
+        "a is sent once (the lists after the first are diffed):\n{}",
+        common::pretty(&evs)
+    );
 }

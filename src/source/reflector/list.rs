@@ -65,6 +65,7 @@ impl Reflector {
         if self.finish_diff(list, list_rv.clone(), started, "paginated").await.is_err() {
             return Ok(Err(Closed));
         }
+        self.fresh_list = true;
         Ok(Ok(State::Watching { rv: list_rv, open: None }))
     }
 
@@ -281,6 +282,7 @@ impl Reflector {
                         return Ok(Err(Closed));
                     }
                     // The same connection goes on as the watch from the list's rv.
+                    self.fresh_list = true;
                     let open = OpenWatch { events: stream, since: Instant::now() };
                     return Ok(Ok(State::Watching { rv, open: Some(open) }));
                 }

@@ -43,7 +43,9 @@
 //!   reads on the connection a streaming list handed over, without a new request. Each event
 //!   and bookmark moves `rv`. The client has no read timeout, so each `next()` is bounded by
 //!   an idle timeout; a closed or idle stream re-watches the same rv at once (no relist),
-//!   unless it ended within half a second without an event: then after the backoff.
+//!   unless it ended within half a second without an event: then after the backoff. A 410
+//!   relists at once, unless the watch was the first from a list's rv and nothing came from
+//!   it (the list outlived the apiserver's history): then after the backoff, not in a loop.
 //! * `Backoff` sleeps a jittered exponential delay (0.8 s .. 30 s, reset after a watch that
 //!   delivered events or stayed open for 2 minutes), then goes to `then`. 429 and refused connections re-watch
 //!   the same rv: no relist.
@@ -131,7 +133,8 @@ impl Reflector {
     ///   open: Some }` (`read_on`) reads on the streaming list's connection. Both read it
     ///   (`consume_watch`) until: closed or idle -> `Watching { last rv, open: None }` (closed
     ///   within half a second without an event: `Backoff { Watching { .. } }`); 410 Gone
-    ///   or too large rv -> `Listing`; 404 to the request -> `WaitForKind`; another error ->
+    ///   or too large rv -> `Listing` (`Backoff { Listing }` if the rv is the last list's and
+    ///   no event or bookmark came from it); 404 to the request -> `WaitForKind`; another error ->
     ///   `Backoff { Watching { last rv, open: None } }`.
     /// * `Backoff { then }`: -> `then` after a backoff delay.
     ///

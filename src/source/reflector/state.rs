@@ -84,6 +84,11 @@ pub struct Reflector {
     pub(super) streaming: Option<bool>,
     /// Streaming lists in a row that ended before their initial state was complete.
     pub(super) streaming_cut: u32,
+    /// The watch position is a list's resourceVersion and no watch from it has delivered an
+    /// event or bookmark yet: a 410 then means the list was out of the apiserver's history
+    /// before its watch began (a list slower than the history it keeps), and listing again at
+    /// once could repeat that in a loop.
+    pub(super) fresh_list: bool,
     pub(super) seq: u64,
     pub(super) backoff: ExponentialBackoff,
     pub(super) tx: mpsc::Sender<Item>,
@@ -148,6 +153,7 @@ impl Reflector {
             state: State::Discover,
             streaming,
             streaming_cut: 0,
+            fresh_list: false,
             seq: 0,
             backoff: new_backoff(),
             tx,

@@ -115,7 +115,10 @@ impl Reflector {
                 }
                 Ok(Ok(Some(ev))) => ev,
             };
-            events += 1;
+            if !matches!(event, WatchEvent::Error(_)) {
+                events += 1;
+                self.fresh_list = false;
+            }
             let (verb, obj) = match event {
                 WatchEvent::Added(o) => (Verb::Added, o),
                 WatchEvent::Modified(o) => (Verb::Modified, o),
@@ -168,11 +171,19 @@ impl Reflector {
         Ok(Ok(State::Watching { rv, open: None }))
     }
 
-    /// 410 Gone (or a too large resourceVersion): the watch cannot resume; list and diff.
+    /// 410 Gone (or a too large resourceVersion): the watch cannot resume; list and diff. At
+    /// once, unless the position is the last list's and nothing came from it: then after the
+    /// backoff (which grows while that repeats), as a list that keeps outliving the apiserver's
+    /// history would otherwise be repeated in a loop.
     fn relist_after_gone(&self, rv: &str) -> State {
         self.metrics.gone.inc();
+        let listing = State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } };
+        if self.fresh_list {
+            warn!(stream = %self.spec.name, resource_version = rv, "the list's resourceVersion was no longer available when its watch began (410 Gone); listing again after backoff");
+            return State::Backoff { then: Box::new(listing) };
+        }
         info!(stream = %self.spec.name, resource_version = rv, "resourceVersion no longer available (410 Gone); relisting and diffing");
-        State::Listing { origin: if self.listed_once { Origin::Resync } else { Origin::Snapshot } }
+        listing
     }
 }
 
