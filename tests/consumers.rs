@@ -21,11 +21,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::message::Message;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -149,37 +148,10 @@ fn source_and_id(header: impl Fn(&str) -> Option<String>, prefix: &str, payload:
 }
 
 fn kafka_events(topic: &str) -> Vec<(String, String)> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
-        .set("group.id", common::unique("verify"))
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    let mut left = 0;
-    for p in 0..3 {
-        let (low, high) = c.fetch_watermarks(topic, p, Duration::from_secs(10)).unwrap();
-        left += high - low;
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    c.assign(&tpl).unwrap();
-    let deadline = Instant::now() + WAIT;
-    let mut out = Vec::new();
-    while left > 0 {
-        assert!(Instant::now() < deadline, "timed out reading {topic}");
-        let Some(m) = c.poll(Duration::from_millis(500)) else { continue };
-        let m = m.unwrap();
-        left -= 1;
-        let header = |k: &str| {
-            m.headers()?
-                .iter()
-                .find(|h| h.key == k)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
-        out.push(source_and_id(header, "ce_", m.payload().unwrap_or_default()));
-    }
-    out
+    common::topic::read_to_end(topic, false)
+        .iter()
+        .map(|m| source_and_id(|k: &str| common::topic::header(m, k), "ce_", m.payload().unwrap_or_default()))
+        .collect()
 }
 
 async fn nats_events(js: &jetstream::Context, name: &str) -> Vec<(String, String)> {
@@ -289,25 +261,18 @@ async fn create(client: &Client, ns: &str, name: &str) -> String {
     format!("{}:{}:added", c.metadata.uid.unwrap(), c.metadata.resource_version.unwrap())
 }
 
-/// Waits until the event with `id` is on the target, then until kubecast acknowledged all it
-/// read (checkpoint lag 0, sampled every flush interval: 100 ms): the watch read everything
-/// before that event, so everything is published.
+/// Waits until the event with `id` (`uid:rv:verb`) is on the target, then until kubecast's
+/// stored position has reached it: the watch read everything before that change, and the
+/// position never passes an unacknowledged event, so everything before it is published.
 async fn wait_published(kc: &mut Kubecast, target: &Target, id: &str) {
     let deadline = Instant::now() + WAIT;
     while !target.events().await.iter().any(|(_, i)| i == id) {
         assert!(Instant::now() < deadline, "{id} never published\n{}", kc.log());
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    loop {
-        let (_, metrics) = kc.admin_get("/metrics").await;
-        let lag: Vec<&str> = metrics.lines().filter(|l| l.starts_with("kubecast_checkpoint_lag{")).collect();
-        if !lag.is_empty() && lag.iter().all(|l| l.ends_with(" 0")) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "checkpoint lag never 0: {lag:?}\n{}", kc.log());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let rv =
+        id.split(':').nth(1).and_then(|rv| rv.parse().ok()).unwrap_or_else(|| panic!("no resourceVersion in {id}"));
+    common::settle_at(kc, rv, id).await;
 }
 
 /// The scenario, for one target and mode, checked for each of `consumers`:

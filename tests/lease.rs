@@ -4,7 +4,7 @@
 
 use kubecast_kit as common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 use common::{Kubecast, TestNamespace, about, client, create_cm};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -114,63 +112,14 @@ struct Published {
 /// Every record about the ConfigMap `steady` in `topic` up to its end when called (none while
 /// the topic does not exist): read up to the high watermarks, since records keep arriving.
 fn read_topic(topic: &str) -> Vec<Published> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
-        .set("group.id", common::unique("handover-reader"))
-        .set("enable.auto.commit", "false")
-        .set("allow.auto.create.topics", "false")
-        .create()
-        .expect("consumer");
-    let timeout = Duration::from_secs(10);
-    // Retried: a test that stops the shared broker may run meanwhile.
-    let deadline = Instant::now() + WAIT;
-    let md = loop {
-        match consumer.fetch_metadata(Some(topic), timeout) {
-            Ok(md) => break md,
-            Err(e) if Instant::now() < deadline => eprintln!("metadata of {topic}: {e}; again"),
-            Err(e) => panic!("metadata of {topic}: {e}"),
-        }
-    };
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    // Per partition, the offset after the last record now there.
-    let mut end = BTreeMap::new();
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions {
-        let (low, high) = consumer.fetch_watermarks(topic, p, timeout).expect("watermarks");
-        if high > low {
-            end.insert(p, high);
-            tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-        }
-    }
-    if end.is_empty() {
-        return Vec::new();
-    }
-    consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !end.is_empty() {
-        assert!(Instant::now() < deadline, "{topic} not read within 30 s: {end:?} left, {} records", out.len());
-        match consumer.poll(Duration::from_millis(500)) {
-            Some(Ok(m)) => {
-                if end.get(&m.partition()).is_some_and(|high| m.offset() + 1 >= *high) {
-                    end.remove(&m.partition());
-                }
-                let cm: Value = serde_json::from_slice(m.payload().expect("a payload")).expect("JSON");
-                if cm["metadata"]["name"] != "steady" {
-                    continue; // kube-root-ca.crt
-                }
-                let v = cm["data"]["v"].as_str().unwrap_or_else(|| panic!("no data.v in {cm}")).parse().unwrap();
-                out.push(Published { at_ms: m.timestamp().to_millis().expect("a timestamp"), v });
-            }
-            // Bounded by the deadline: a test that stops the shared broker may run meanwhile.
-            Some(Err(e)) => eprintln!("reading {topic}: {e}"),
-            None => {}
+    for m in common::topic::read_if_any(topic, false) {
+        let cm: Value = serde_json::from_slice(m.payload().expect("a payload")).expect("JSON");
+        if cm["metadata"]["name"] != "steady" {
+            continue; // kube-root-ca.crt
         }
+        let v = cm["data"]["v"].as_str().unwrap_or_else(|| panic!("no data.v in {cm}")).parse().unwrap();
+        out.push(Published { at_ms: m.timestamp().to_millis().expect("a timestamp"), v });
     }
     out
 }

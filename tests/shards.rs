@@ -13,9 +13,7 @@ use common::traffic::{Delivery, Source, Traffic};
 use common::{Kubecast, TestNamespace, client, create_cm};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -82,24 +80,8 @@ fn identity(kc: &Kubecast) -> String {
 /// Every position record of the state topic (one partition), in the order written: (key,
 /// writer, epoch). Committed records only, up to the end the topic had when called.
 fn positions(topic: &str) -> Vec<(String, String, i64)> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
-        .set("group.id", common::unique("shards-state-reader"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .create()
-        .unwrap();
-    let (_, end) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)).unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning).unwrap();
-    consumer.assign(&tpl).unwrap();
     let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    // The position passes transaction markers too, which are never delivered as records.
-    let at = |c: &BaseConsumer| c.position().ok().and_then(|p| p.elements().first().map(|e| e.offset()));
-    while !matches!(at(&consumer), Some(Offset::Offset(o)) if o >= end) && end > 0 {
-        assert!(Instant::now() < deadline, "the state topic {topic} not read to offset {end} within 30 s");
-        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else { continue };
+    for m in common::topic::read_to_end(topic, true) {
         let (Some(key), Some(value)) = (m.key(), m.payload()) else { continue };
         let key = String::from_utf8_lossy(key).to_string();
         if key.ends_with(".p") {

@@ -15,7 +15,6 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use rdkafka::ClientConfig;
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde_json::{Value, json};
@@ -77,28 +76,10 @@ impl Store {
     /// Every record of the Kafka state topic, in order (committed ones: the store writes in
     /// transactions).
     fn kafka_history(&self) -> Vec<(String, Option<Vec<u8>>)> {
-        let c: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
-            .set("group.id", common::unique("state-reader"))
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest")
-            .create()
-            .unwrap();
-        c.subscribe(&[&self.name]).unwrap();
-        let mut out = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            assert!(Instant::now() < deadline, "state topic {} not read to its end", self.name);
-            match c.poll(Duration::from_millis(500)) {
-                Some(Ok(m)) => {
-                    let k = String::from_utf8(m.key().unwrap().to_vec()).unwrap();
-                    out.push((k, m.payload().map(<[u8]>::to_vec)));
-                }
-                Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
-                _ => {}
-            }
-        }
+        common::topic::read_to_end(&self.name, true)
+            .into_iter()
+            .map(|m| (String::from_utf8(m.key().unwrap().to_vec()).unwrap(), m.payload().map(<[u8]>::to_vec)))
+            .collect()
     }
 
     /// The position records, parsed.
@@ -139,22 +120,6 @@ impl Store {
         }
     }
 
-    /// Waits until kubecast has delivered every change made so far in `ns`: makes a barrier
-    /// change and waits until a stored position reaches it (see `common::settle`). Returns the
-    /// barrier's subject.
-    async fn settle(&self, client: &kube::Client, ns: &str) -> String {
-        let b = common::barrier(client, ns, json!({})).await;
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let at = |p: &Value| p["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
-            if self.positions().await.iter().any(|p| at(p).is_some_and(|at| at >= b.rv)) {
-                return b.subject;
-            }
-            assert!(Instant::now() < deadline, "no position in {} reached {} ({})", self.name, b.subject, b.rv);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
     async fn exists(&self) -> bool {
         match self.kind {
             Kind::Kafka => true,
@@ -191,7 +156,7 @@ async fn replaced_pod_resumes_from_the_broker_after_410(kind: Kind) {
     // A new pod: a fresh directory, the same config.
     let mut second = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
     second.wait_for("the 100 changes", WAIT, |e| e.len() >= 100).await;
-    let barrier = store.settle(&client, &ns.name).await;
+    let barrier = common::settle(&mut second, &client, &ns.name, json!({})).await;
     let after = common::without(&second.events(), &barrier);
     assert_eq!(after.len(), 100, "exactly the 100 changes, no snapshot:\n{}", common::pretty(&after));
     let got: BTreeSet<String> =
@@ -208,7 +173,7 @@ async fn replaced_pod_resumes_from_the_broker_after_410(kind: Kind) {
 
     let mut third = Kubecast::start_with_checkpoint(&config, &store.lines(), &env);
     third.wait_ready(200).await;
-    let barrier = store.settle(&client, &ns.name).await;
+    let barrier = common::settle(&mut third, &client, &ns.name, json!({})).await;
     let again = common::without(&third.events(), &barrier);
     assert!(again.is_empty(), "nothing again:\n{}", common::pretty(&again));
     assert!(third.stop().success(), "{}", third.log());
@@ -336,7 +301,7 @@ async fn failover_loses_nothing(kind: Kind) {
         .collect();
     let last = want_ids.last().unwrap().clone();
     b.wait_for("the last change", WAIT, |e| e.iter().any(|e| e["id"] == last.as_str())).await;
-    store.settle(&client, &ns.name).await;
+    common::settle(&mut b, &client, &ns.name, json!({})).await;
 
     // Both outputs, duplicates dropped by id, in the order each process published.
     let mut seen = std::collections::HashSet::new();

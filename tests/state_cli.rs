@@ -91,33 +91,7 @@ fn chrono_age(t: &str) -> i64 {
     (chrono::Utc::now() - then.with_timezone(&chrono::Utc)).num_seconds()
 }
 
-/// Waits until the kubecast running with `cfg` has delivered every change made so far in `ns`:
-/// a barrier change, then `state list` until a stream's resume point reaches it (see
-/// `common::settle`; works with every store).
-async fn settle(k: &mut Kubecast, client: &kube::Client, ns: &str) {
-    let b = common::barrier(client, ns, json!({})).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let listed: Value = serde_json::from_str(&state_ok(&config_of(k), &["list", "-o", "json"])).unwrap();
-        let at = |s: &Value| s["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
-        if listed.as_array().unwrap().iter().any(|s| at(s).is_some_and(|at| at >= b.rv)) {
-            return;
-        }
-        if let Some(status) = k.exited() {
-            panic!("kubecast exited ({status}) before delivering {}\n{}", b.subject, k.log());
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no position reached {} ({}): {listed:#}\n{}",
-            b.subject,
-            b.rv,
-            k.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `evs` without the events of [`settle`]'s barriers.
+/// `evs` without the events of `common::settle`'s barriers.
 fn real(evs: &[Value]) -> Vec<Value> {
     evs.iter().filter(|e| !e["subject"].as_str().unwrap_or("").contains("/barrier-")).cloned().collect()
 }
@@ -214,7 +188,7 @@ async fn file_state_exported_and_imported_into_kafka_and_nats_resumes_without_sn
 
         let mut k = Kubecast::start_with_checkpoint(&config, &store.lines(&name), &[]);
         k.wait_for("the 3 changes", WAIT, |e| e.len() >= 3).await;
-        settle(&mut k, &client, &ns.name).await;
+        common::settle(&mut k, &client, &ns.name, json!({})).await;
         let evs = real(&k.events());
         assert_eq!(subjects(&evs), want, "{store:?}: only the changes, no snapshot:\n{}", common::pretty(&evs));
         assert_eq!(evs.len(), 3, "{store:?}:\n{}", common::pretty(&evs));
@@ -265,12 +239,12 @@ async fn reset_now_then_snapshot(store: Store) {
     let before = k.events().len();
     k.restart(&[]);
     k.wait_ready(200).await;
-    settle(&mut k, &client, &ns.name).await;
+    common::settle(&mut k, &client, &ns.name, json!({})).await;
     let after = real(&k.events()[before..]);
     assert!(after.is_empty(), "nothing for existing objects:\n{}", common::pretty(&after));
     api.patch("c2", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "2"}}))).await.unwrap();
     let evs = k.wait_for("the change after the reset", WAIT, |e| !real(&e[before..]).is_empty()).await;
-    settle(&mut k, &client, &ns.name).await;
+    common::settle(&mut k, &client, &ns.name, json!({})).await;
     let after = &real(&k.events()[before..]);
     assert_eq!(subjects(after), [format!("modified {}/c2", ns.name)].into_iter().collect(), "{}", common::pretty(&evs));
     assert!(k.stop().success(), "{}", k.log());
@@ -283,7 +257,7 @@ async fn reset_now_then_snapshot(store: Store) {
     let before = k.events().len();
     k.restart(&[]);
     k.wait_for("everything again", WAIT, |e| real(&e[before..]).len() >= 3).await;
-    settle(&mut k, &client, &ns.name).await;
+    common::settle(&mut k, &client, &ns.name, json!({})).await;
     let again = &real(&k.events()[before..]);
     let want: BTreeSet<String> = ["c1", "c2", "c4"].iter().map(|n| format!("added {}/{n}", ns.name)).collect();
     assert_eq!(subjects(again), want, "{}", common::pretty(again));
@@ -304,7 +278,7 @@ async fn reset_now_then_snapshot(store: Store) {
     let before = k.events().len();
     k.restart(&[]);
     k.wait_for("everything again with initial = now", WAIT, |e| real(&e[before..]).len() >= 3).await;
-    settle(&mut k, &client, &ns.name).await;
+    common::settle(&mut k, &client, &ns.name, json!({})).await;
     let again = &real(&k.events()[before..]);
     assert_eq!(subjects(again), want, "{}", common::pretty(again));
     assert_eq!(again.len(), 3, "{}", common::pretty(again));
@@ -313,7 +287,7 @@ async fn reset_now_then_snapshot(store: Store) {
     let before = k.events().len();
     k.restart(&[]);
     k.wait_ready(200).await;
-    settle(&mut k, &client, &ns.name).await;
+    common::settle(&mut k, &client, &ns.name, json!({})).await;
     let again = real(&k.events()[before..]);
     assert!(again.is_empty(), "the mark was cleared:\n{}", common::pretty(&again));
     assert!(k.stop().success(), "{}", k.log());

@@ -185,24 +185,26 @@ pub async fn barrier(client: &Client, ns: &str, labels: Value) -> Barrier {
 }
 
 /// Waits until `kc` has delivered every change made so far in `ns` (a namespace its config
-/// watches, with the harness's file checkpoints), instead of waiting a fixed time for
-/// stragglers: makes a [`barrier`] and waits until a checkpoint has reached its
+/// watches, in one stream), instead of waiting a fixed time for stragglers: makes a
+/// [`barrier`] and waits until the stream's stored resume point has reached its
 /// resourceVersion. A checkpoint never passes an event the sink has not acknowledged, so every
-/// event of an earlier change, repeats included, is in the sink by then. Returns the barrier's
-/// subject: its events are the caller's to leave out ([`crate::without`]).
+/// event of an earlier change, repeats included, is in the sink by then. Works with every
+/// state store (it asks `kubecast state list`). Returns the barrier's subject: its events are
+/// the caller's to leave out ([`crate::without`]).
 pub async fn settle(kc: &mut crate::Kubecast, client: &Client, ns: &str, labels: Value) -> String {
     let b = barrier(client, ns, labels).await;
     settle_at(kc, b.rv, &b.subject).await;
     b.subject
 }
 
-/// Waits until a checkpoint of `kc` (file checkpoints) has reached resourceVersion `rv`, the
+/// Waits until a stream of `kc` has stored a resume point at or past resourceVersion `rv`, the
 /// one of the change `what` (see [`settle`]).
 pub async fn settle_at(kc: &mut crate::Kubecast, rv: u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let at = |c: &Value| c["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
-        if kc.checkpoints().iter().any(|c| at(c).is_some_and(|at| at >= rv)) {
+        let listed = kc.state_list();
+        let at = |s: &Value| s["resource_version"].as_str().and_then(|v| v.parse::<u64>().ok());
+        if listed.as_array().is_some_and(|l| l.iter().any(|s| at(s).is_some_and(|at| at >= rv))) {
             return;
         }
         if let Some(status) = kc.exited() {
@@ -210,8 +212,7 @@ pub async fn settle_at(kc: &mut crate::Kubecast, rv: u64, what: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "no checkpoint reached {what} (resourceVersion {rv}) in 60 s: {:?}\nlog:\n{}",
-            kc.checkpoints(),
+            "no stored position reached {what} (resourceVersion {rv}) in 60 s: {listed:#}\nlog:\n{}",
             kc.log()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -59,6 +59,8 @@ pub struct Kubecast {
     run_log_start: usize,
     /// When the current run was spawned.
     started: Instant,
+    /// The `extra_env` of the current (or last) run.
+    extra_env: Vec<(String, String)>,
 }
 
 impl Kubecast {
@@ -100,7 +102,7 @@ impl Kubecast {
         std::fs::write(dir.path().join("kubecast.toml"), full).unwrap();
         let events_path = dir.path().join("events.jsonl");
         let stderr_path = dir.path().join("kubecast.log");
-        Self { child: None, dir, events_path, stderr_path, run_log_start: 0, started: Instant::now() }
+        Self { child: None, dir, events_path, stderr_path, run_log_start: 0, started: Instant::now(), extra_env: Vec::new() }
     }
 
     /// Replaces the `[sink]` section of the config (for the next start).
@@ -117,6 +119,7 @@ impl Kubecast {
     pub fn restart(&mut self, extra_env: &[(&str, &str)]) {
         assert!(self.child.is_none(), "stop or kill it first");
         self.run_log_start = self.log().len();
+        self.extra_env = extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let dir = self.dir.path();
         let mut cmd = Command::new(bin());
         cmd.args(["run", "--config"]).arg(dir.join("kubecast.toml"));
@@ -252,6 +255,26 @@ impl Kubecast {
     /// applied (as kubecast loads them; an incomplete last line is being written: skipped).
     pub fn checkpoints(&self) -> Vec<Value> {
         self.checkpoint_files().iter().map(|p| checkpoint_with_journal(p)).collect()
+    }
+
+    /// `kubecast state list -o json` on this instance's config and environment: every stream's
+    /// stored state, in whichever store it is (`[]` while none is stored).
+    pub fn state_list(&self) -> Value {
+        let mut cmd = Command::new(bin());
+        cmd.args(["state", "list", "-o", "json", "--config"]).arg(self.dir.path().join("kubecast.toml"));
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("KUBECAST_") {
+                cmd.env_remove(key);
+            }
+        }
+        cmd.env("KUBECONFIG", kubeconfig()).env("RUST_LOG", "warn");
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().expect("run kubecast state list");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "kubecast state list failed:\n{}{text}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("kubecast state list -o json ({e}):\n{text}"))
     }
 
     /// Every event emitted so far, parsed.
