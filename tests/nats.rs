@@ -208,7 +208,8 @@ async fn structured_events_arrive_in_order_with_their_headers() {
     let mut events = Vec::new();
     for m in &msgs {
         let e = m.json();
-        assert_eq!(m.header("Nats-Msg-Id"), e["id"].as_str().unwrap(), "dedupe id = CloudEvent id");
+        let dedupe = format!("{}@{}", e["id"].as_str().unwrap(), m.subject);
+        assert_eq!(m.header("Nats-Msg-Id"), dedupe, "dedupe id = CloudEvent id on its subject");
         assert_eq!(m.header("Content-Type"), "application/cloudevents+json; charset=UTF-8");
         assert_eq!(e["specversion"], "1.0");
         assert_eq!(e["datacontenttype"], "application/json");
@@ -233,6 +234,36 @@ async fn structured_events_arrive_in_order_with_their_headers() {
     roles.delete(&role_name, &DeleteParams::default()).await.unwrap();
 }
 
+/// Two `[[resources]]` entries that both see an object, each with its own subject in one
+/// stream: each subject gets the change (JetStream's duplicate window spans the stream's
+/// subjects; the same event id on another subject is not a repeat).
+#[tokio::test]
+async fn two_entries_that_see_one_object_each_get_the_change_on_their_subject() {
+    let _shared = shared();
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "nats-overlap").await;
+    let stream = TestStream::new().await;
+    let cluster = cluster_name();
+    let (a, b) = (format!("{}.a.{{verb}}", stream.prefix), format!("{}.b.{{verb}}", stream.prefix));
+    let config = format!(
+        "[cluster]\nname = \"{cluster}\"\n{}{}",
+        cm_resource(&ns.name, &format!("label_selector = \"app=x\"\nsubject = \"{a}\"")),
+        cm_resource(&ns.name, &format!("label_selector = \"tier=y\"\nsubject = \"{b}\""))
+    );
+    let mut k = Kubecast::start_with_sink(&config, &nats_sink("unused.{cluster}", ""), "", &[]);
+    k.wait_ready(200).await;
+    let cm = create_cm(&client, &ns.name, "both", json!({"app": "x", "tier": "y"}), json!({})).await;
+    let id = format!("{}:{}:added", cm.metadata.uid.unwrap(), cm.metadata.resource_version.unwrap());
+    let msgs = stream.read_until("the change on both subjects", |m| m.len() >= 2).await;
+    let mut got: Vec<(String, String)> =
+        msgs.iter().map(|m| (m.subject.clone(), m.json()["id"].as_str().unwrap().to_string())).collect();
+    got.sort();
+    let want = vec![(format!("{}.a.added", stream.prefix), id.clone()), (format!("{}.b.added", stream.prefix), id)];
+    assert_eq!(got, want);
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
+    assert_eq!(stream.messages().await, 2, "once on each subject");
+}
+
 /// Binary mode and a per-resource subject: the payload is the object, every attribute a
 /// `ce-` header.
 #[tokio::test]
@@ -255,7 +286,7 @@ async fn binary_mode_and_per_resource_subject() {
     let uid = cm.metadata.uid.unwrap();
     let rv = cm.metadata.resource_version.unwrap();
     let id = format!("{uid}:{rv}:added");
-    assert_eq!(m.header("Nats-Msg-Id"), id);
+    assert_eq!(m.header("Nats-Msg-Id"), format!("{id}@{}", m.subject));
     assert_eq!(m.header("ce-id"), id);
     assert_eq!(m.header("ce-specversion"), "1.0");
     assert_eq!(m.header("ce-type"), "io.kubecast.core.ConfigMap.added");

@@ -141,9 +141,9 @@ async fn a_nats_dead_letter_is_not_dropped_as_a_duplicate_of_its_event() {
     let label = common::unique("l");
     let cm = create_cm(&client, &ns.name, "a", json!({"poison": label}), json!({"v": "1"})).await;
     let id = format!("{}:{}:added", cm.metadata.uid.unwrap(), cm.metadata.resource_version.unwrap());
-    // What a stored event whose PubAck was lost leaves in the window: its id.
+    // What a stored event whose PubAck was lost leaves in the window: its id on its subject.
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert("Nats-Msg-Id", id.as_str());
+    headers.insert("Nats-Msg-Id", format!("{id}@{prefix}.ev.{}.added", ns.name));
     js.publish_with_headers(format!("{prefix}.dead"), headers, "stored before".into()).await.unwrap().await.unwrap();
 
     let config = format!(

@@ -1,7 +1,9 @@
 //! `type = "nats"`: async-nats, JetStream by default.
 //!
 //! **JetStream** (`jetstream = true`, default): every event is published with
-//! `Nats-Msg-Id` = the CloudEvent `id` and counts as accepted only when its PubAck arrives.
+//! `Nats-Msg-Id` = `<CloudEvent id>@<subject>` and counts as accepted only when its PubAck
+//! arrives (with the subject: two `[[resources]]` entries that both see an object send the
+//! same event id to their own subjects, and JetStream's duplicate window spans subjects).
 //! Publishes are pipelined (one per object at a time, up to `[delivery] max_in_flight` objects
 //! at once). A retry or a replay after a crash carries the same `Nats-Msg-Id`, so the stream's
 //! duplicate window drops it; a PubAck with `duplicate = true` counts as accepted.
