@@ -504,6 +504,19 @@ async fn core_nats_mode_publishes_to_subscribers() {
     let e: Value = serde_json::from_slice(&m.payload).unwrap();
     assert_eq!(e["subject"], format!("{}/c1", ns.name));
     assert!(m.headers.as_ref().and_then(|h| h.get("Nats-Msg-Id")).is_none(), "no JetStream id in core mode");
+    // An event over the server's max_payload: refused by the client at every attempt, so it
+    // goes to the dead letter (the default file), and the next change follows.
+    create_cm(&client, &ns.name, "big", json!({}), json!({"big": "x".repeat(1_048_000)})).await;
+    create_cm(&client, &ns.name, "after", json!({}), json!({})).await;
+    let m = tokio::time::timeout(WAIT, sub.next()).await.expect("the change after the big one").unwrap();
+    let e: Value = serde_json::from_slice(&m.payload).unwrap();
+    assert_eq!(e["subject"], format!("{}/after", ns.name));
+    let dead = std::fs::read_to_string(k.dir.path().join("state").join("dead-letter.jsonl")).unwrap_or_default();
+    assert!(
+        dead.contains(&format!("{}/big", ns.name)) && dead.contains("max payload"),
+        "dead letter:\n{dead}\n{}",
+        k.log()
+    );
     assert_eq!(k.stop().code(), Some(0), "{}", k.log());
     assert!(k.log().contains("at-most-once"), "the guarantee is stated at start");
 }

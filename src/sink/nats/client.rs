@@ -204,7 +204,7 @@ impl NatsSink {
         let Some(js) = &self.js else {
             return Box::pin(self.publish_core(subject, headers, payload)).await.map(|()| None);
         };
-        let message = PublishMessage::build().payload(payload).headers(headers).message_id(id);
+        let message = PublishMessage::build().payload(payload).headers(headers).message_id(message_id(id, &subject));
         // Shared with the request (a reference count), kept for the error messages.
         let subject = async_nats::Subject::from(subject);
         let ack = match Box::pin(js.send_publish(subject.clone(), message)).await {
@@ -223,10 +223,16 @@ impl NatsSink {
 
     /// Core NATS (at-most-once): publish, then flush so the message left the client.
     async fn publish_core(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<(), SendError> {
-        self.client
-            .publish_with_headers(subject.clone(), headers, payload)
-            .await
-            .map_err(|e| SendError::Retriable(format!("NATS publish to {subject:?}: {e}")))?;
+        self.client.publish_with_headers(subject.clone(), headers, payload).await.map_err(|e| {
+            use async_nats::PublishErrorKind as Core;
+            let reason = format!("NATS publish to {subject:?}: {e}");
+            match e.kind() {
+                // Refused by the client before sending, the same at every attempt: the dead
+                // letter (which may drop the data to fit).
+                Core::MaxPayloadExceeded | Core::InvalidSubject => SendError::Permanent(reason),
+                Core::Send => SendError::Retriable(reason),
+            }
+        })?;
         match tokio::time::timeout(self.ack_timeout, self.client.flush()).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(SendError::Retriable(format!("NATS flush: {e}"))),
@@ -340,6 +346,15 @@ async fn classify_checked(js: &jetstream::Context, subject: &str, e: jetstream::
 }
 
 const NO_STREAM: &str = "no JetStream stream covers subject";
+
+/// `Nats-Msg-Id`: the event id on its subject. JetStream drops a message whose id it stored
+/// within the duplicate window in the same stream, whatever the subject: two `[[resources]]`
+/// entries that both see an object send the same event id to their own subjects, and the
+/// second must not be dropped as a repeat of the first. A retry or a replay after a restart
+/// sends the same event to the same subject: the same id, dropped as meant.
+fn message_id(event_id: &str, subject: &str) -> String {
+    format!("{event_id}@{subject}")
+}
 
 fn classify(subject: &str, e: jetstream::context::PublishError) -> SendError {
     use jetstream::ErrorCode;
