@@ -105,6 +105,12 @@ type BadCase = (&'static str, &'static str, &'static [(&'static str, &'static st
 const BAD: &[BadCase] = &[
     ("TOML syntax error", "[cluster\nname = 1", &[], &["line 1", "fix:"]),
     (
+        "a Kafka producer that reports only failed deliveries (no event would ever count as delivered)",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.properties]\n\"delivery.report.only.error\" = \"true\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["sink.kafka.properties.\"delivery.report.only.error\"", "requires delivery.report.only.error = false", "fix: remove it"],
+    ),
+    (
         "a lease renewed less often than it expires",
         "[coordination]\nenabled = true\nlease_duration_seconds = 5\nrenew_deadline_seconds = 10\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],

@@ -88,7 +88,7 @@ impl KafkaSink {
                 secret::resolve(v).map_err(|e| SinkError::Config(format!("sink.kafka.properties.\"{k}\": {e}")))?,
             );
         }
-        for (k, v) in REQUIRED {
+        for (k, v, _) in REQUIRED {
             cc.set(k, v);
         }
         super::security::set_system_ca(&mut cc);

@@ -44,8 +44,14 @@ pub fn topic_name_problem(name: &str) -> Option<&'static str> {
     }
 }
 
-/// Properties kubecast sets itself: the delivery guarantees depend on them.
-pub(super) const REQUIRED: [(&str, &str); 2] = [("enable.idempotence", "true"), ("acks", "all")];
+/// Properties kubecast sets itself, and why: the delivery guarantees depend on them.
+pub(super) const REQUIRED: [(&str, &str, &str); 3] = [
+    ("enable.idempotence", "true", "no loss, no reordering on retries"),
+    ("acks", "all", "no loss, no reordering on retries"),
+    // With only errors reported, a record the broker stored is never reported: its event
+    // would never count as delivered, and sends would stop once max_in_flight are waiting.
+    ("delivery.report.only.error", "false", "the delivery report of each stored record is what acknowledges its event"),
+];
 
 /// Properties of the transactional producer (the Kafka state store's, which exactly-once
 /// sends the events through) that kubecast sets itself: a `transactional.id` of its own, and
@@ -153,12 +159,12 @@ impl KafkaConfig {
                     "set sink.kafka.brokers instead",
                 ));
             }
-            if let Some((_, want)) = REQUIRED.iter().find(|(rk, _)| rk == k)
+            if let Some((_, want, why)) = REQUIRED.iter().find(|(rk, ..)| rk == k)
                 && v != want
             {
                 out.push(Problem::new(
                     format!("sink.kafka.properties.\"{k}\""),
-                    format!("kubecast requires {k} = {want} (no loss, no reordering on retries)"),
+                    format!("kubecast requires {k} = {want} ({why})"),
                     "remove it",
                 ));
             }
