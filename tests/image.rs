@@ -121,6 +121,39 @@ fn image() -> &'static Image {
 
 // ------------------------------------------------------------------ docker/Dockerfile
 
+/// The Dockerfile builds from the build context `.dockerignore` lets in (an allow-list:
+/// `*`, then `!path` lines): that context must hold every file the manifest needs, path
+/// dependencies (also dev-dependencies: cargo reads their manifests to resolve the lock file)
+/// included. Checked with `cargo metadata --locked --offline` on a copy of exactly that
+/// context; no container engine needed.
+#[test]
+fn the_docker_build_context_holds_what_cargo_needs() {
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).unwrap();
+    let lines: Vec<&str> = ignore.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).collect();
+    assert_eq!(lines.first(), Some(&"*"), ".dockerignore starts with `*` (an allow-list): {lines:?}");
+    let context = tempfile::tempdir().unwrap();
+    for line in &lines[1..] {
+        let path = line.strip_prefix('!').unwrap_or_else(|| panic!(".dockerignore: {line:?} is not an allow line"));
+        let path = path.trim_end_matches('/');
+        let from = repo().join(path);
+        assert!(from.exists(), ".dockerignore lets in {path}, which does not exist");
+        let to = context.path().join(path);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        ok(Command::new("cp").arg("-a").arg(&from).arg(&to).output().expect("run cp"), "cp");
+    }
+    let out = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--locked", "--offline", "--manifest-path"])
+        .arg(context.path().join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", context.path().join("target"))
+        .output()
+        .expect("run cargo metadata");
+    assert!(
+        out.status.success(),
+        "the build context .dockerignore lets in is not a buildable crate:\n{}",
+        text(&out.stderr)
+    );
+}
+
 /// The instructions of the runtime stage (`FROM ... AS runtime` to the next `FROM`), continuation
 /// lines joined, comments dropped: (INSTRUCTION, arguments).
 fn runtime_stage() -> Vec<(String, String)> {
