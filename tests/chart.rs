@@ -684,9 +684,38 @@ fn every_rendered_config_passes_kubecast_check_config() {
     }
 }
 
+/// librdkafka properties written as YAML numbers or booleans (`linger.ms: 20`) reach
+/// kubecast as the strings it takes, for the sink and the state store's own connection.
+#[test]
+fn kafka_properties_given_as_numbers_or_booleans_render_as_strings() {
+    let objs = render(
+        "minimal",
+        &[
+            "config.sink.type=kafka",
+            "config.sink.kafka.brokers=k:9092",
+            "config.sink.kafka.properties.linger\\.ms=20",
+            "config.sink.kafka.properties.enable\\.ssl\\.certificate\\.verification=false",
+            "config.sink.kafka.properties.queue\\.buffering\\.backpressure\\.threshold=0.5",
+            "config.checkpoint.store=kafka",
+            "config.checkpoint.kafka.brokers=k2:9092",
+            "config.checkpoint.kafka.properties.socket\\.timeout\\.ms=30000",
+        ],
+    );
+    let toml = config_toml(&objs);
+    assert_has_lines(
+        &toml,
+        &[
+            "\"linger.ms\" = \"20\"",
+            "\"enable.ssl.certificate.verification\" = \"false\"",
+            "\"queue.buffering.backpressure.threshold\" = \"0.5\"",
+            "\"socket.timeout.ms\" = \"30000\"",
+        ],
+    );
+}
+
 #[test]
 fn a_secret_written_inline_is_refused_and_never_rendered() {
-    let cases: [(&str, &[&str], &str); 4] = [
+    let cases: [(&str, &[&str], &str); 5] = [
         (
             "minimal",
             &[
@@ -707,6 +736,15 @@ fn a_secret_written_inline_is_refused_and_never_rendered() {
         ),
         ("nats-creds", &["config.sink.nats.password=hunter2"], "sink.nats.password"),
         ("nats-creds", &["config.sink.nats.token=hunter2"], "sink.nats.token"),
+        (
+            "minimal",
+            &[
+                "config.checkpoint.store=kafka",
+                "config.checkpoint.kafka.brokers=k:9092",
+                "config.checkpoint.kafka.properties.sasl\\.password=hunter2",
+            ],
+            "checkpoint.kafka.properties.\"sasl.password\"",
+        ),
     ];
     for (values, sets, key) in cases {
         let out = template(values, sets);

@@ -84,12 +84,35 @@ which kubecast's integer keys refuse.
 {{- end }}
 
 {{/*
-"kubecast.checkSecrets" (list SINK WHERE): fails when a secret-looking key of the sink holds
-a value inline instead of "${env:NAME}" / "${file:/path}".
+"kubecast.stringifyProperties" KAFKA: the librdkafka properties of a [*.kafka] table (in place)
+as strings, as kubecast takes them: `linger.ms: 20` or `enable.ssl.certificate.verification:
+false` in YAML are a number and a boolean, which would render as TOML values kubecast refuses.
+*/}}
+{{- define "kubecast.stringifyProperties" -}}
+{{- $kafka := . }}
+{{- if and (kindIs "map" $kafka) (kindIs "map" $kafka.properties) }}
+{{- $props := dict }}
+{{- range $k, $v := $kafka.properties }}
+{{- if kindIs "float64" $v }}
+{{- if eq $v (float64 (int64 $v)) }}{{ $_ := set $props $k (toString (int64 $v)) }}{{ else }}{{ $_ := set $props $k (toString $v) }}{{ end }}
+{{- else }}
+{{- $_ := set $props $k (toString $v) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $kafka "properties" $props }}
+{{- end }}
+{{- end }}
+
+{{/*
+"kubecast.checkSecrets" (list SINK WHERE [CHECKPOINT]): fails when a secret-looking key of the
+sink (or of the Kafka state store's own connection) holds a value inline instead of
+"${env:NAME}" / "${file:/path}".
 */}}
 {{- define "kubecast.checkSecrets" -}}
 {{- $sink := index . 0 }}
 {{- $where := index . 1 }}
+{{- $checkpoint := dict }}
+{{- if gt (len .) 2 }}{{ $checkpoint = index . 2 | default dict }}{{ end }}
 {{- $ref := "^\\$\\{(env|file):[^}]+\\}$" }}
 {{- $fix := "holds a secret inline; reference an existing Secret instead: \"${env:NAME}\" with secretEnv, or \"${file:/path}\" with secretMounts" }}
 {{- if kindIs "map" $sink }}
@@ -97,6 +120,15 @@ a value inline instead of "${env:NAME}" / "${file:/path}".
 {{- range $k, $v := (.properties | default dict) }}
 {{- if and (regexMatch "(password|secret|jaas\\.config|key\\.pem|token)" (lower $k)) (not (regexMatch $ref (toString $v))) }}
 {{- fail (printf "%s: sink.kafka.properties.%q %s" $where $k $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if kindIs "map" $checkpoint }}
+{{- with $checkpoint.kafka }}
+{{- range $k, $v := (.properties | default dict) }}
+{{- if and (regexMatch "(password|secret|jaas\\.config|key\\.pem|token)" (lower $k)) (not (regexMatch $ref (toString $v))) }}
+{{- fail (printf "%s: checkpoint.kafka.properties.%q %s" $where $k $fix) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -159,7 +191,7 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- if hasKey $raw "Error" }}
 {{- fail (printf "config.raw is not valid TOML: %s" $raw.Error) }}
 {{- end }}
-{{- include "kubecast.checkSecrets" (list ($raw.sink | default dict) "config.raw") }}
+{{- include "kubecast.checkSecrets" (list ($raw.sink | default dict) "config.raw" ($raw.checkpoint | default dict)) }}
 {{- $rawKeys := list }}
 {{- range ($raw.resources | default list) }}{{ $rawKeys = append $rawKeys (include "kubecast.streamKey" .) }}{{ end }}
 {{- $keys := list }}
@@ -172,7 +204,7 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- end }}
 {{- .Values.config.raw }}
 {{- else }}
-{{- include "kubecast.checkSecrets" (list .Values.config.sink "config") }}
+{{- include "kubecast.checkSecrets" (list .Values.config.sink "config" .Values.config.checkpoint) }}
 {{- if gt (int (.Values.coordination.shards | default 1)) 1 }}
 {{- if not .Values.coordination.enabled }}
 {{- fail (printf "coordination.shards = %d needs coordination.enabled = true: the replicas share the shards through Leases" (int .Values.coordination.shards)) }}
@@ -207,6 +239,8 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- end }}
 {{- $_ := set $cfg "resources" $res }}
 {{- include "kubecast.intify" $cfg }}
+{{- include "kubecast.stringifyProperties" ($cfg.sink.kafka | default dict) }}
+{{- include "kubecast.stringifyProperties" ($cfg.checkpoint.kafka | default dict) }}
 {{- printf "# Rendered by the kubecast Helm chart from its values; every key: config/kubecast.toml.\n" }}
 {{- toToml $cfg }}
 {{- end }}
