@@ -478,3 +478,58 @@ async fn kafka_a_lease_lost_while_opening_the_state_topic_leaves_it_to_the_new_l
 async fn nats_a_lease_lost_while_opening_the_state_bucket_leaves_it_to_the_new_leader() {
     lease_lost_while_opening_the_store(Kind::Nats).await;
 }
+
+/// Another writer of the state topic (another shard, another deployment sharing it) keeps a
+/// transaction open: a reader of committed records gets no further than its start, where
+/// librdkafka reports the end of the partition. A position committed after it must still be
+/// loaded (the load waits for that transaction to end), not the one before: else a new
+/// process resumes from the older position and sends the changes after it again.
+#[tokio::test]
+async fn kafka_a_transaction_another_writer_keeps_open_does_not_hide_a_later_position() {
+    use rdkafka::producer::Producer;
+    let client = common::client().await;
+    let ns = TestNamespace::new(&client, "state-open-txn").await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let store = Store::new(Kind::Kafka, "kubecast-state-open-txn");
+    let config = cm_config(&ns.name, "");
+    common::create_cm(&client, &ns.name, "a", json!({}), json!({"v": "0"})).await;
+    let mut first = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    first.wait_for("a", WAIT, |e| e.len() == 1).await;
+    assert!(first.stop().success(), "{}", first.log());
+
+    // Another writer's transaction on the state topic, left open (the broker aborts it after
+    // 30 s).
+    let topic = store.name.clone();
+    let foreign = tokio::task::spawn_blocking(move || {
+        let p: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", common::env_var("KAFKA_BROKERS"))
+            .set("transactional.id", common::unique("another-writer"))
+            .set("transaction.timeout.ms", "30000")
+            .create()
+            .unwrap();
+        p.init_transactions(Duration::from_secs(30)).unwrap();
+        p.begin_transaction().unwrap();
+        let record = FutureRecord::to(&topic).key("another-deployment.x").payload("{}");
+        p.send_result(record).map_err(|(e, _)| e).unwrap();
+        p.flush(Duration::from_secs(30)).unwrap();
+        p
+    })
+    .await
+    .unwrap();
+
+    // A second run delivers a change; its stop commits a position after the open transaction.
+    let mut second = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    second.wait_ready(200).await;
+    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"v": "1"}}))).await.unwrap();
+    second.wait_for("a modified", WAIT, |e| e.iter().any(|e| verb(e) == "modified")).await;
+    assert!(second.stop().success(), "{}", second.log());
+
+    // A third run, while the transaction is still open, resumes after the change.
+    let mut third = Kubecast::start_with_checkpoint(&config, &store.lines(), &[]);
+    third.wait_ready(200).await;
+    let barrier = common::settle(&mut third, &client, &ns.name, json!({})).await;
+    let again = common::without(&third.events(), &barrier);
+    assert!(again.is_empty(), "sent again:\n{}\n{}", common::pretty(&again), third.log());
+    assert!(third.stop().success(), "{}", third.log());
+    drop(foreign);
+}

@@ -247,6 +247,14 @@ async fn topic_exists(cfg: &KafkaStoreConfig, what: &str) -> Result<bool, Checkp
 /// Reads `topic` from its beginning to its end, committed records only, calling `each` with
 /// every keyed record; the records read. A consumer of group `group`, no producer: nobody is
 /// fenced. `missing`: what to say when the topic has no partitions.
+///
+/// The end is each partition's high watermark when the read starts, not the end of partition
+/// librdkafka reports: reading committed records, that comes at the last stable offset, the
+/// start of the oldest transaction still open, from any writer (another shard, another
+/// deployment sharing the topic). This stream's records committed after it would be missed,
+/// and the stream would resume from an older position. So the read waits for such a
+/// transaction to end (it commits within the commit interval, or the broker aborts it after
+/// its transaction timeout). A broker that is briefly unreachable meanwhile is waited for too.
 fn read_to_end(
     client: &ClientConfig,
     topic: &str,
@@ -279,21 +287,40 @@ fn read_to_end(
         return Err(broker(&what, missing));
     }
     let mut tpl = TopicPartitionList::new();
+    // Partition -> the offset after its last record when the read starts. Asked by a consumer
+    // that reads uncommitted records: the reading consumer would be told the last stable offset.
+    let mut uncommitted = for_consumer(client);
+    uncommitted.set("group.id", group).set("isolation.level", "read_uncommitted");
+    let ends: BaseConsumer<LogContext> = uncommitted
+        .create_with_context(LogContext)
+        .map_err(|e| broker(&what, format!("consumer: {}", describe(&e))))?;
+    let mut open = std::collections::HashMap::new();
     for p in &partitions {
         tpl.add_partition_offset(topic, *p, Offset::Beginning).map_err(|e| broker(&what, e))?;
+        let (_, high) = ends
+            .fetch_watermarks(topic, *p, TIMEOUT)
+            .map_err(|e| broker(&what, format!("the end of partition {p}: {e}")))?;
+        if high > 0 {
+            open.insert(*p, high);
+        }
     }
     consumer.assign(&tpl).map_err(|e| broker(&what, format!("assign: {e}")))?;
-    let mut open: std::collections::HashSet<i32> = partitions.into_iter().collect();
     let mut records = 0u64;
     let deadline = Instant::now() + Duration::from_secs(300);
+    let mut last_error = None::<String>;
     while !open.is_empty() {
         if Instant::now() > deadline {
-            return Err(broker(&what, "not read to its end within 300 s"));
+            let ends: Vec<String> = open.iter().map(|(p, end)| format!("partition {p} to offset {end}")).collect();
+            let why = match &last_error {
+                Some(e) => format!("; last error: {e}"),
+                None => "; a transaction another writer keeps open on the topic holds committed records back".into(),
+            };
+            return Err(broker(&what, format!("not read to its end within 300 s ({}){why}", ends.join(", "))));
         }
         match consumer.poll(Duration::from_millis(500)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                open.remove(&p);
+            None | Some(Err(KafkaError::PartitionEOF(_))) => {}
+            Some(Err(KafkaError::MessageConsumption(code))) if is_transient(code) => {
+                last_error = Some(code.to_string());
             }
             Some(Err(e)) => return Err(broker(&what, format!("reading it: {e}"))),
             Some(Ok(m)) => {
@@ -304,8 +331,28 @@ fn read_to_end(
                 each(key, &m)?;
             }
         }
+        // The position passes transaction markers and aborted records, which are not delivered.
+        let positions = consumer.position().map_err(|e| broker(&what, format!("position: {e}")))?;
+        open.retain(|p, end| {
+            !matches!(positions.find_partition(topic, *p).map(|e| e.offset()), Some(Offset::Offset(o)) if o >= *end)
+        });
     }
     Ok(records)
+}
+
+/// Errors librdkafka recovers from by itself (it reconnects and fetches again).
+fn is_transient(code: RDKafkaErrorCode) -> bool {
+    matches!(
+        code,
+        RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::NotLeaderForPartition
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::BrokerNotAvailable
+    )
 }
 
 fn load(

@@ -10,7 +10,7 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 /// Every record of `topic` (on the test broker) up to the end each partition had when called,
 /// partition by partition in offset order; `read_committed`: committed records only (records
-/// of aborted transactions are skipped; a transaction still open is waited for). Waits up to
+/// of aborted transactions are skipped; a transaction still open then is waited for). Waits up to
 /// 60 s for the topic to exist and for the read; panics after that.
 pub fn read_to_end(topic: &str, read_committed: bool) -> Vec<OwnedMessage> {
     read(topic, read_committed, true)
@@ -52,8 +52,15 @@ fn read(topic: &str, read_committed: bool, wait_for_topic: bool) -> Vec<OwnedMes
     };
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();
+    // The ends as a reader of uncommitted records sees them: a reader of committed ones would be
+    // told the start of the oldest open transaction, and miss what was committed after it.
+    let uncommitted: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", crate::env_var("KAFKA_BROKERS"))
+        .set("group.id", crate::unique("topic-ends"))
+        .create()
+        .expect("a Kafka consumer");
     for &p in &partitions {
-        let (_, high) = consumer.fetch_watermarks(topic, p, timeout).expect("the partition's end");
+        let (_, high) = uncommitted.fetch_watermarks(topic, p, timeout).expect("the partition's end");
         ends.push((p, high));
         tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
     }
