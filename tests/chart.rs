@@ -972,6 +972,11 @@ fn ha_values_render_two_replicas_a_lease_and_its_role() {
     let out = template("minimal", &["replicas=2"]);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("replicas = 2 needs coordination.enabled = true"), "{}", text(&out.stderr));
+    // A standby would take over without the leader's state if it is in files on the leader's pod.
+    let out = template("minimal", &["replicas=2", "coordination.enabled=true"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("replicas = 2 with the state in files") && err.contains("config.checkpoint.store"), "{err}");
 }
 
 /// `coordination.shards`: the config runs that many shards, and the Role names each shard's

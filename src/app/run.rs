@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::active::{self, Active, Held};
 pub use super::error::RunError;
@@ -40,6 +40,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let api_limiter = client::limiter(&config.cluster);
     if config.coordination.sharded().is_some() {
         return super::shards::run(config, client, apiserver, api_limiter, shutdown).await;
+    }
+    if config.coordination.enabled && config.checkpoint.store == crate::state::StoreKind::File {
+        warn!(
+            "[coordination] with the file store: a standby that takes over does not have this process's state (it is on this pod's disk) and starts its streams over, so deletes made during the handover are not reported; put the state in Kafka or NATS ([checkpoint] store) for failovers that lose nothing"
+        );
     }
     let pipeline = Pipeline::new(config);
     let config = &pipeline.config;
