@@ -790,16 +790,17 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     );
 }
 
-/// NOTES warn about an emptyDir only when the positions are there (file store, no persistence),
-/// and about blocked node drains only when the PodDisruptionBudget allows no eviction
-/// (replicas <= minAvailable).
+/// NOTES warn about an emptyDir only when the positions are there (file store, no persistence)
+/// or the dead letters of a broker sink (the default file), and about blocked node drains only
+/// when the PodDisruptionBudget allows no eviction (replicas <= minAvailable).
 #[test]
 fn the_notes_say_only_what_holds_for_the_rendered_values() {
     let empty_dir = "WARNING: stream positions are kept in an emptyDir";
     let drains = "blocks node drains";
+    let dead_letter = "go to\nthe dead-letter file in an emptyDir";
     // The Kafka store (store "auto" with a Kafka sink), 2 replicas and a PDB.
     let n = notes("ha", &[]);
-    assert!(!n.contains("emptyDir"), "the Kafka store needs no volume:\n{n}");
+    assert!(!n.contains(empty_dir), "the Kafka store needs no volume:\n{n}");
     assert!(!n.contains(drains), "2 replicas, minAvailable 1: a drain evicts one pod:\n{n}");
     // The file store without persistence: the warning; no PDB: no drain note.
     let n = notes("minimal", &[]);
@@ -808,18 +809,18 @@ fn the_notes_say_only_what_holds_for_the_rendered_values() {
     // One replica with a PDB (and the file store on a claim: no warning).
     let n = notes("pvc", &[]);
     assert!(n.contains(drains) && n.contains("with 1 replica blocks"), "{n}");
-    assert!(!n.contains("emptyDir"), "{n}");
+    assert!(!n.contains(empty_dir), "{n}");
     // One replica with a PDB and the Kafka store.
     let n = notes("ha", &["replicas=1"]);
     assert!(n.contains(drains), "{n}");
-    assert!(!n.contains("emptyDir"), "{n}");
+    assert!(!n.contains(empty_dir), "{n}");
     // minAvailable as a percentage of 2 replicas: 50% lets one go, 100% none.
     assert!(!notes("ha", &["podDisruptionBudget.minAvailable=50%"]).contains(drains));
     let n = notes("ha", &["podDisruptionBudget.minAvailable=100%"]);
     assert!(n.contains(drains) && n.contains("with 2 replicas blocks"), "{n}");
     assert!(notes("ha", &["podDisruptionBudget.minAvailable=2"]).contains(drains));
     // The NATS store (JetStream sink), and NATS without JetStream (the file store).
-    assert!(!notes("nats-creds", &[]).contains("emptyDir"));
+    assert!(!notes("nats-creds", &[]).contains(empty_dir));
     assert!(notes("nats-creds", &["config.sink.nats.jetstream=false"]).contains(empty_dir));
     // The file store chosen explicitly with a Kafka sink.
     assert!(
@@ -829,7 +830,16 @@ fn the_notes_say_only_what_holds_for_the_rendered_values() {
     let raw = "[cluster]\nname = \"raw\"\n[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[[resources]]\napi_version = \"apps/v1\"\nkind = \"Deployment\"\n";
     assert!(notes("minimal", &[&format!("config.raw={raw}")]).contains(empty_dir));
     let kafka = format!("{raw}[checkpoint]\nstore = \"kafka\"\n");
-    assert!(!notes("minimal", &[&format!("config.raw={kafka}")]).contains("emptyDir"));
+    assert!(!notes("minimal", &[&format!("config.raw={kafka}")]).contains(empty_dir));
+    // A broker sink whose dead letter is the default file on an emptyDir: the warning; not with
+    // a broker dead letter, a volume, or a stdout sink.
+    assert!(notes("ha", &[]).contains(dead_letter));
+    assert!(
+        !notes("ha", &["config.delivery.dead_letter.type=broker", "config.delivery.dead_letter.destination=dl"])
+            .contains(dead_letter)
+    );
+    assert!(!notes("minimal", &[]).contains(dead_letter));
+    assert!(!notes("pvc", &["config.sink.type=kafka", "config.sink.kafka.brokers=k:9092"]).contains(dead_letter));
     // Sidecar mode renders no PDB: no drain note.
     assert!(!notes("sidecar", &["podDisruptionBudget.enabled=true"]).contains(drains));
 }

@@ -108,7 +108,11 @@ const BAD: &[BadCase] = &[
         "a Kafka producer that reports only failed deliveries (no event would ever count as delivered)",
         "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[sink.kafka.properties]\n\"delivery.report.only.error\" = \"true\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
-        &["sink.kafka.properties.\"delivery.report.only.error\"", "requires delivery.report.only.error = false", "fix: remove it"],
+        &[
+            "sink.kafka.properties.\"delivery.report.only.error\"",
+            "requires delivery.report.only.error = false",
+            "fix: remove it",
+        ],
     ),
     (
         "a lease renewed less often than it expires",
