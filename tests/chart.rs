@@ -362,6 +362,40 @@ fn assert_only_read_rules(objs: &[Value]) {
     }
 }
 
+/// (kind, name) of every object `helm template` renders: each document's `kind:` and its
+/// `metadata.name`.
+fn rendered_names(manifests: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for doc in manifests.split("\n---") {
+        let kind = doc.lines().find_map(|l| l.strip_prefix("kind: "));
+        let meta = doc.lines().skip_while(|l| *l != "metadata:").skip(1);
+        let name = meta.take_while(|l| l.starts_with(' ')).find_map(|l| l.strip_prefix("  name: "));
+        if let (Some(kind), Some(name)) = (kind, name) {
+            out.push((kind.trim().to_string(), name.trim().trim_matches('"').to_string()));
+        }
+    }
+    out
+}
+
+/// RBAC objects keep their whole names (Kubernetes allows 253 characters): with a long
+/// namespace the identity ClusterRole does not take the main one's name, and two releases in
+/// it do not take each other's.
+#[test]
+fn long_namespace_and_release_names_give_distinct_rbac_objects() {
+    let ns = "platform-observability-kubernetes-change-events";
+    let chart = chart();
+    let mut all = BTreeSet::new();
+    for release in ["events-eu", "events-us"] {
+        let out = ok(helm(&["template", release, "--namespace", ns, &chart]), "helm template");
+        let names = rendered_names(&out);
+        assert!(names.iter().any(|(k, _)| k == "ClusterRole"), "{out}");
+        for (kind, name) in names {
+            assert!(name.len() <= 253, "{kind} {name}: longer than Kubernetes allows");
+            assert!(all.insert((kind.clone(), name.clone())), "{kind} {name} rendered twice (release {release})");
+        }
+    }
+}
+
 #[test]
 fn helm_lint_strict_passes_for_the_defaults_and_every_ci_values_file() {
     let chart = chart();
