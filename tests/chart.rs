@@ -609,6 +609,10 @@ fn pvc_values_put_the_checkpoints_on_a_claim_and_add_a_disruption_budget() {
     let objs = render("pvc", &["persistence.existingClaim=my-claim"]);
     assert_eq!(kinds(&objs).get("PersistentVolumeClaim"), None);
     assert_eq!(volume(pod_spec(&objs), "kubecast-state")["persistentVolumeClaim"]["claimName"], "my-claim");
+    // With coordination too (one replica): still Recreate, as a surge pod would wait for the
+    // claim the old pod holds, and the rollout with it.
+    let objs = render("pvc", &["coordination.enabled=true"]);
+    assert_eq!(one(&objs, "Deployment")["spec"]["strategy"]["type"], "Recreate");
 }
 
 #[test]
