@@ -878,6 +878,14 @@ fn the_notes_say_only_what_holds_for_the_rendered_values() {
     );
     assert!(!notes("minimal", &[]).contains(dead_letter));
     assert!(!notes("pvc", &["config.sink.type=kafka", "config.sink.kafka.brokers=k:9092"]).contains(dead_letter));
+    // rbac.create: false: what to grant besides the watched resources.
+    let n = notes("ha", &["rbac.create=false"]);
+    assert!(
+        n.contains("get on namespaces/kube-system")
+            && n.contains("get, watch and update on leases.coordination.k8s.io k-kubecast"),
+        "{n}"
+    );
+    assert!(!notes("ha", &[]).contains("get on namespaces/kube-system"), "rbac.create: the chart grants it");
     // Sidecar mode renders no PDB: no drain note.
     assert!(!notes("sidecar", &["podDisruptionBudget.enabled=true"]).contains(drains));
 }

@@ -38,6 +38,7 @@ pub async fn wait_for_lease(
             Ok(Attempt::Held { epoch }) => {
                 info!(lease = %elector.lease(), identity = elector.identity(), epoch, "holding the lease: this process is the active one");
                 health.set_standby(None);
+                health.set_lease_problem(None);
                 set_leader(elector, true, epoch);
                 return Ok(Some(epoch));
             }
@@ -48,10 +49,13 @@ pub async fn wait_for_lease(
                     last_holder = Some(holder.clone());
                 }
                 health.set_standby(Some(format!("standby: lease {} held by {holder}", elector.lease())));
+                health.set_lease_problem(None);
             }
             Err(e) => {
                 warn!(error = %e, "the lease cannot be read or taken; retrying");
                 health.set_standby(Some(format!("standby: {e}")));
+                // Not ready: no replica may ever become the active one (a forbidden Lease).
+                health.set_lease_problem(Some(format!("the lease cannot be read or taken: {e}")));
             }
         }
         tokio::select! {

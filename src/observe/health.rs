@@ -29,6 +29,9 @@ pub struct Health {
     stalls: Mutex<Vec<Option<String>>>,
     /// Why this process does not run its streams (`[coordination]`: another holds the lease).
     standby: Mutex<Option<String>>,
+    /// Why the Lease cannot be read or taken (forbidden, apiserver errors), while it cannot: a
+    /// standby that could never take over is not ready, so that a rollout shows it.
+    lease: Mutex<Option<String>>,
     /// `[coordination] shards`: the shards this process runs, each with its streams' health.
     shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
 }
@@ -48,6 +51,7 @@ impl Health {
             shutting_down: AtomicBool::new(false),
             apiserver: Mutex::new(None),
             standby: Mutex::new(None),
+            lease: Mutex::new(None),
             shards: Mutex::new(BTreeMap::new()),
         })
     }
@@ -70,6 +74,11 @@ impl Health {
     /// `Some(reason)`: a standby, not running its streams; `None`: the active process.
     pub fn set_standby(&self, reason: Option<String>) {
         *self.standby.lock().expect("health lock") = reason;
+    }
+
+    /// `Some(reason)`: the Lease cannot be read or taken; `None`: it can.
+    pub fn set_lease_problem(&self, reason: Option<String>) {
+        *self.lease.lock().expect("health lock") = reason;
     }
 
     /// Why this process stands by, if it does.
@@ -105,6 +114,9 @@ impl Health {
         let mut out = Vec::new();
         if self.shutting_down.load(Ordering::Relaxed) {
             out.push("shutting down".to_string());
+        }
+        if let Some(reason) = self.lease.lock().expect("health lock").as_ref() {
+            out.push(reason.clone());
         }
         if self.standby().is_some() {
             // A standby is ready (its pod must not hold up rollouts, drains or its host's
@@ -164,5 +176,16 @@ mod tests {
         assert!(process.not_ready().is_empty());
         process.set_shard(shard, None);
         assert!(process.shards().is_empty());
+    }
+
+    #[test]
+    fn a_standby_is_ready_unless_the_lease_cannot_be_read_or_taken() {
+        let h = health(&["v1 ConfigMap"]);
+        h.set_standby(Some("standby: lease ns/l held by other".into()));
+        assert!(h.not_ready().is_empty(), "a standby does not hold up rollouts");
+        h.set_lease_problem(Some("the lease cannot be read or taken: forbidden".into()));
+        assert_eq!(h.not_ready(), ["the lease cannot be read or taken: forbidden"]);
+        h.set_lease_problem(None);
+        assert!(h.not_ready().is_empty());
     }
 }
