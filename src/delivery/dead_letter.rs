@@ -7,8 +7,10 @@
 //! is checked at start ([`DeadLetter::check`]). The file dead letter is the file sink's writer:
 //! a line counts once it is fsynced, and a write cut short is cut back.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use rdkafka::message::{Header, OwnedHeaders};
 use serde_json::json;
@@ -21,15 +23,31 @@ use super::retry::RetryPolicy;
 use crate::sink::{FileSink, NatsSink, Outbound, SendError, Sink, kafka};
 
 pub enum Target {
-    /// Boxed: the file sink's state is larger than the other targets'.
     File {
         path: PathBuf,
-        file: Box<OnceCell<FileSink>>,
+        /// The process's one writer of `path` ([`shared_file`]).
+        file: Arc<OnceCell<FileSink>>,
     },
     Broker {
         topic: String,
     },
     Stop,
+}
+
+/// The writer of the dead-letter file at `path`, one per process: a sharded process runs a
+/// pipeline (and a dead letter) per shard, all with the same file, and two writers of one file
+/// would each cut it back to their own idea of its end after a failed write, cutting off lines
+/// the other wrote (events already counted as dead-lettered). Kept while a dead letter uses it.
+fn shared_file(path: &std::path::Path) -> Arc<OnceCell<FileSink>> {
+    static FILES: Mutex<BTreeMap<PathBuf, Weak<OnceCell<FileSink>>>> = Mutex::new(BTreeMap::new());
+    let mut files = FILES.lock().expect("dead-letter files lock");
+    files.retain(|_, cell| cell.strong_count() > 0);
+    if let Some(cell) = files.get(path).and_then(Weak::upgrade) {
+        return cell;
+    }
+    let cell = Arc::new(OnceCell::new());
+    files.insert(path.to_path_buf(), Arc::downgrade(&cell));
+    cell
 }
 
 pub struct DeadLetter {
@@ -41,10 +59,10 @@ pub struct DeadLetter {
 impl DeadLetter {
     pub fn new(cfg: &DeadLetterConfig, checkpoint_dir: &std::path::Path, retry: RetryPolicy) -> Self {
         let target = match cfg.kind {
-            DeadLetterType::File => Target::File {
-                path: cfg.path.clone().unwrap_or_else(|| checkpoint_dir.join("dead-letter.jsonl")),
-                file: Box::new(OnceCell::new()),
-            },
+            DeadLetterType::File => {
+                let path = cfg.path.clone().unwrap_or_else(|| checkpoint_dir.join("dead-letter.jsonl"));
+                Target::File { file: shared_file(&path), path }
+            }
             DeadLetterType::Broker => Target::Broker { topic: cfg.destination.clone().unwrap_or_default() },
             DeadLetterType::Stop => Target::Stop,
         };

@@ -75,3 +75,29 @@ async fn the_stop_dead_letter_returns_undeliverable() {
     assert_eq!(dead_letter.count(), 0);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no file written");
 }
+
+/// The pipelines of a sharded process each have a dead letter, all on one file: they share one
+/// writer (two would each cut the file back to their own idea of its end after a failed
+/// write), and every line of both is kept.
+#[tokio::test]
+async fn dead_letters_on_one_file_share_its_writer() {
+    use crate::delivery::dead_letter::Target;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = Sink::Stub(StubSink::new());
+    let cfg = dead_letter_config(DeadLetterType::File, None);
+    let (shard0, shard1) = (DeadLetter::new(&cfg, dir.path(), retry()), DeadLetter::new(&cfg, dir.path(), retry()));
+    let other = tempfile::tempdir().unwrap();
+    let elsewhere = DeadLetter::new(&cfg, other.path(), retry());
+    match (&shard0.target, &shard1.target, &elsewhere.target) {
+        (Target::File { file: a, .. }, Target::File { file: b, .. }, Target::File { file: c, .. }) => {
+            assert!(std::sync::Arc::ptr_eq(a, b), "one writer per file");
+            assert!(!std::sync::Arc::ptr_eq(a, c), "another file, another writer");
+        }
+        _ => panic!("file dead letters"),
+    }
+    shard0.put(&sink, &outbound("a", 1), "no permission").await.unwrap();
+    shard1.put(&sink, &outbound("b", 2), "no permission").await.unwrap();
+    shard0.put(&sink, &outbound("c", 3), "no permission").await.unwrap();
+    let lines = read_json_lines(&dir.path().join("dead-letter.jsonl"));
+    assert_eq!(lines.len(), 3, "{lines:?}");
+}
