@@ -421,7 +421,12 @@ impl FileStore {
             bytes.push(b'\n');
             let jpath = self.journal_path(key);
             let werr = |cause| CheckpointError::Write { path: jpath.clone(), cause };
+            let new = !jpath.exists();
             let mut j = fs::OpenOptions::new().write(true).create(true).truncate(false).open(&jpath).map_err(werr)?;
+            if new {
+                // A new journal's name must be durable too, or its lines vanish with it.
+                self.sync_dir().map_err(werr)?;
+            }
             // Whatever a failed append left after the last good line goes first.
             j.set_len(f.journal).map_err(werr)?;
             use std::io::Seek;
@@ -433,6 +438,15 @@ impl FileStore {
         }
         self.set_files(key, f);
         Ok(())
+    }
+
+    /// Makes the directory's entries durable (a renamed snapshot, a new journal). A file system
+    /// that cannot fsync a directory (EINVAL) keeps them without it.
+    fn sync_dir(&self) -> std::io::Result<()> {
+        match fs::File::open(&self.dir).and_then(|d| d.sync_all()) {
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => Ok(()),
+            other => other,
+        }
     }
 
     /// Temp file (written as it is serialised), fsync, rename, fsync of the directory; the
@@ -448,9 +462,9 @@ impl FileStore {
         f.sync_all().map_err(werr)?;
         drop(f);
         fs::rename(&tmp, &path).map_err(werr)?;
-        if let Ok(d) = fs::File::open(&self.dir) {
-            let _ = d.sync_all();
-        }
+        // The rename is durable only once the directory is: else a power loss can bring the
+        // old snapshot back after the journal was emptied (an older position: changes sent again).
+        self.sync_dir().map_err(werr)?;
         Ok(out.bytes)
     }
 }
