@@ -180,3 +180,26 @@ async fn once_the_lease_is_lost_a_transaction_the_broker_aborted_stays_fatal() {
     let seen = committed(&topic, 1).await;
     assert_eq!(seen, BTreeMap::from([("a".to_string(), 1)]), "only the committed event");
 }
+
+/// A transaction begun long ago but empty (nothing sent since the last commit) is unknown to
+/// the broker, which cannot have aborted it for its age: a fence then comes from another
+/// producer of the `transactional.id` (a successor, `kubecast state reset --force`) and stays
+/// fatal, although this process still holds the Lease and the local transaction is old.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fence_of_a_transaction_idle_since_its_begin_is_not_taken_for_the_brokers_timeout() {
+    let id = common::unique("txn-idle-fenced");
+    let topic = common::unique("txn-idle-fenced");
+    let txn = init(&id, Arc::new(|| true)).await;
+    send(&txn, &topic, &["a"]).await;
+    commit(&txn).await.expect("committed");
+    // Idle for longer than the transaction timeout: the next transaction is begun, empty.
+    tokio::time::sleep(TXN_TIMEOUT + Duration::from_secs(1)).await;
+    let successor = init(&id, Arc::new(|| true)).await;
+    send(&txn, &topic, &["b"]).await;
+    let e = commit(&txn).await.expect_err("fenced by the successor");
+    assert!(matches!(e, TxnError::Fatal(_)), "a successor's fence is not taken over: {e}");
+    send(&successor, &topic, &["c"]).await;
+    commit(&successor).await.expect("the successor commits");
+    let seen = committed(&topic, 2).await;
+    assert_eq!(seen, BTreeMap::from([("a".to_string(), 1), ("c".to_string(), 1)]));
+}

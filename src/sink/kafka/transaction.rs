@@ -99,8 +99,10 @@ struct Inner {
     /// [`Transaction::take_over_again`]).
     producer: ThreadedProducer<TxnContext>,
     state: State,
-    /// When the open transaction began.
-    begun: Instant,
+    /// When the first record went into the open transaction (`None`: none yet). The broker's
+    /// transaction timeout counts from there: a transaction begun but empty is not known to
+    /// the broker, so it cannot be aborted for its age.
+    first_record: Option<Instant>,
     /// Exactly-once: the events of the open transaction, in send order (`Committing`: those of
     /// the transaction being committed first, then those sent since).
     events: Vec<Record>,
@@ -188,7 +190,7 @@ impl Transaction {
             inner: Mutex::new(Inner {
                 producer,
                 state: State::Idle,
-                begun: Instant::now(),
+                first_record: None,
                 events: Vec::new(),
                 committing: 0,
                 event_bytes: 0,
@@ -352,7 +354,9 @@ impl Transaction {
     fn put(&self, inner: &mut Inner, record: Record) -> Result<Option<Record>, KafkaError> {
         if inner.state == State::Open {
             match produce(&inner.producer, &record) {
-                Ok(()) => {}
+                Ok(()) => {
+                    inner.first_record.get_or_insert_with(Instant::now);
+                }
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull)) => return Ok(Some(record)),
                 Err(e @ KafkaError::MessageProduction(RDKafkaErrorCode::MessageSizeTooLarge)) => return Err(e),
                 Err(e) => {
@@ -406,6 +410,9 @@ impl Transaction {
             }
         }
         self.ready(inner)?;
+        if !records.is_empty() {
+            inner.first_record.get_or_insert_with(Instant::now);
+        }
         if let Err(e) = records.iter().try_for_each(|r| produce_blocking(&inner.producer, r)) {
             inner.state = State::MustAbort;
             return Err(self.abort_soon(inner, self.failure(&e)));
@@ -430,7 +437,9 @@ impl Transaction {
     /// broker's timeout fenced this producer and this process still owns the state, else
     /// returns the fatal error. Retriable when taken over (the caller writes again).
     fn take_over_again(&self, inner: &mut Inner, why: String) -> TxnError {
-        let age = inner.begun.elapsed();
+        // No record in it: the broker had no transaction to abort for its age, so the fence
+        // came from another producer of the transactional.id.
+        let age = inner.first_record.map_or(Duration::ZERO, |t| t.elapsed());
         let owner = self.owner.lock().expect("owner lock").clone();
         if let Err(not) = may_take_over_again(age, self.timeout, owner.as_ref()) {
             return TxnError::Fatal(format!("{why}{not}"));
@@ -573,7 +582,7 @@ impl Transaction {
     fn reopen(&self, inner: &mut Inner) -> Result<(), TxnError> {
         inner.producer.begin_transaction().map_err(|e| classify(&self.what, &e))?;
         inner.state = State::Open;
-        inner.begun = Instant::now();
+        inner.first_record = (!inner.events.is_empty()).then(Instant::now);
         if !inner.events.is_empty() {
             debug!(events = inner.events.len(), "{}: sending the aborted transaction's events again", self.what);
         }
