@@ -23,6 +23,12 @@ use crate::model::{IndexEntry, IndexOp};
 
 type Uids = HashSet<String, foldhash::fast::RandomState>;
 
+/// At most this many acknowledgements ahead of a gap are stored with a position (about 54
+/// bytes each: ~220 KB, well within a Kafka record's or a NATS message's default 1 MB). More
+/// pile up only behind an event retried for long; those left out are sent again after a
+/// restart (duplicates, never a loss), and the position stays writable.
+pub const MAX_ACKED_AHEAD: usize = 4096;
+
 /// The ordered watermark of one stream.
 #[derive(Debug)]
 pub struct Watermark {
@@ -103,7 +109,8 @@ impl Watermark {
     }
 
     /// What to write, if anything changed since the last write: the changed entries, or the
-    /// whole index when `full`.
+    /// whole index when `full`. At most [`MAX_ACKED_AHEAD`] acknowledgements ahead of a gap
+    /// (the first ones) go with it.
     pub fn take(&mut self, full: bool) -> Option<Delta> {
         if !self.dirty {
             return None;
@@ -112,7 +119,7 @@ impl Watermark {
         let mut d = Delta {
             full,
             resource_version: self.resource_version.clone(),
-            acked_ahead: self.ahead.values().filter_map(Effect::change_key).collect(),
+            acked_ahead: self.ahead.values().filter_map(Effect::change_key).take(MAX_ACKED_AHEAD).collect(),
             snapshot: self.snapshot,
             ..Default::default()
         };
@@ -248,6 +255,32 @@ mod tests {
         wm.ack(1, Effect::Listed { rv: "21".into() });
         assert_eq!(wm.committed().resource_version.as_deref(), Some("21"));
         assert_eq!(wm.committed().objects.len(), 1);
+    }
+
+    #[test]
+    fn a_position_carries_at_most_max_acked_ahead_acknowledgements_ahead_of_a_gap() {
+        let cp = StreamCheckpoint::new(
+            StreamKey {
+                cluster: "c".into(),
+                group: "".into(),
+                version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: None,
+                label_selector: "".into(),
+                field_selector: "".into(),
+                shard: None,
+            },
+            None,
+        );
+        // Item 0 (an event retried for long) is not acknowledged; 20000 after it are.
+        for seq in 1..=20_000u64 {
+            let (uid, rv) = (format!("uid-{seq:05}"), format!("{}", 1000 + seq));
+            cp.ack(seq, Effect::Watched { op: IndexOp::Upsert(uid, entry(&rv)), rv });
+        }
+        let d = cp.take(false).unwrap();
+        assert_eq!(d.acked_ahead.len(), MAX_ACKED_AHEAD);
+        assert_eq!(d.acked_ahead[0], ("uid-00001".to_string(), "1001".to_string()), "the first ones, nearest the gap");
+        assert!(d.resource_version.is_none(), "the position itself does not move past the gap");
     }
 
     #[test]
