@@ -53,7 +53,9 @@ struct Writer {
 impl FileSink {
     /// `key`: the setting that names the file, for errors (`sink.path`).
     pub async fn open(path: PathBuf, key: &'static str) -> Result<Self, SinkError> {
-        let open = || -> std::io::Result<(File, u64, bool)> {
+        let at = path.clone();
+        let open = move || -> std::io::Result<(File, u64, bool)> {
+            let path = at;
             let file = std::fs::OpenOptions::new().create(true).append(true).open(&path)?;
             let regular = file.metadata()?.file_type().is_file();
             if !regular {
@@ -70,7 +72,12 @@ impl FileSink {
             let len = file.metadata()?.len();
             Ok((file, len, true))
         };
-        let (file, len, regular) = open().map_err(|cause| SinkError::Open { key, path: path.clone(), cause })?;
+        // On the blocking pool: opening a FIFO for writing waits for its reader.
+        let (file, len, regular) = tokio::task::spawn_blocking(open)
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|r| r)
+            .map_err(|cause| SinkError::Open { key, path: path.clone(), cause })?;
         Ok(Self {
             path,
             file: Arc::new(file),
@@ -90,8 +97,19 @@ impl FileSink {
         let target = || self.path.display().to_string();
         let generation = {
             let mut w = self.writer.lock().await;
-            // Small writes into the page cache: done in place, not worth a blocking task.
-            w.append(&self.file, line).map_err(|e| io_send_error(&target(), e))?;
+            if self.regular {
+                // Small writes into the page cache: done in place, not worth a blocking task.
+                w.append(&self.file, line).map_err(|e| io_send_error(&target(), e))?;
+            } else {
+                // A pipe, FIFO or device blocks for as long as its reader does not read: on the
+                // blocking pool, so that the runtime (the admin server's probes too) goes on.
+                let (file, line) = (self.file.clone(), line.to_vec());
+                tokio::task::spawn_blocking(move || (&*file).write_all(&line))
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r)
+                    .map_err(|e| io_send_error(&target(), e))?;
+            }
             self.written.fetch_add(1, Ordering::AcqRel) + 1
         };
         if !self.regular {
@@ -181,6 +199,53 @@ mod tests {
         let sink = FileSink::open(path.clone(), "sink.path").await.unwrap();
         sink.write_line(b"x\n").await.unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "x\n");
+    }
+
+    /// A FIFO whose reader does not read: the writes wait on the blocking pool, and the
+    /// runtime's one worker goes on with other tasks (the admin server's probes).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_fifo_whose_reader_waits_does_not_stop_the_runtime() {
+        use std::io::Read;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&path).status().unwrap().success());
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let reader = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let mut f = std::fs::File::open(&path).unwrap();
+                wait.recv().unwrap();
+                let mut all = Vec::new();
+                f.read_to_end(&mut all).unwrap();
+                all.len()
+            })
+        };
+        let sink = Arc::new(FileSink::open(path.clone(), "sink.path").await.unwrap());
+        // 2000 KiB: more than a pipe can hold, so the writes wait for the reader.
+        let writer = tokio::spawn({
+            let sink = sink.clone();
+            async move {
+                let line = [vec![b'x'; 1023], vec![b'\n']].concat();
+                for _ in 0..2000 {
+                    sink.write_line(&line).await.unwrap();
+                }
+            }
+        });
+        // (Waits of this test thread are std's: it is not a worker, and with the worker stuck no
+        // timer would fire.)
+        std::thread::sleep(Duration::from_millis(300));
+        let (ran, probe) = std::sync::mpsc::channel::<()>();
+        tokio::spawn(async move { ran.send(()).unwrap() });
+        let ran = probe.recv_timeout(Duration::from_secs(5)).is_ok();
+        let waiting = !writer.is_finished();
+        // The reader reads now, whatever happened: the writes end either way.
+        go.send(()).unwrap();
+        writer.await.unwrap();
+        drop(sink);
+        assert!(ran, "no other task ran while the FIFO was full");
+        assert!(waiting, "the writes waited for the reader");
+        assert_eq!(reader.join().unwrap(), 2000 * 1024);
     }
 
     #[tokio::test]
