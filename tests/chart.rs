@@ -819,6 +819,12 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("config.raw: sink.kafka.properties.\"sasl.password\"") && !err.contains("hunter2"), "{err}");
+    // Shards in the raw config must be the chart's (its Role names the shard Leases).
+    let sharded = format!("{raw}[coordination]\nenabled = true\nshards = 4\n");
+    let out = template("minimal", &[&format!("config.raw={sharded}"), "coordination.enabled=true"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("shards = 4 but coordination.shards is 1") && err.contains("coordination.shards = 4"), "{err}");
     // Not TOML at all.
     let out = template("minimal", &["config.raw=[cluster"]);
     assert!(

@@ -202,6 +202,11 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- if and (not .Values.coordination.enabled) ($raw.coordination | default dict).enabled }}
 {{- fail "config.raw enables [coordination], but coordination.enabled is false: the chart renders no Role for the Lease (fix: set coordination.enabled = true)" }}
 {{- end }}
+{{- $rawShards := int (($raw.coordination | default dict).shards | default 1) }}
+{{- $shards := int (.Values.coordination.shards | default 1) }}
+{{- if ne $rawShards $shards }}
+{{- fail (printf "config.raw has [coordination] shards = %d but coordination.shards is %d: the chart's Role names the shard Leases from coordination.shards, so the replicas could take none (fix: set coordination.shards = %d)" $rawShards $shards $rawShards) }}
+{{- end }}
 {{- .Values.config.raw }}
 {{- else }}
 {{- include "kubecast.checkSecrets" (list .Values.config.sink "config" .Values.config.checkpoint) }}
