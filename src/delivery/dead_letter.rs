@@ -75,6 +75,13 @@ impl DeadLetter {
         self.count.load(Ordering::Relaxed)
     }
 
+    /// Whether a dead letter goes into the sink's broker (with exactly-once: into the open
+    /// transaction, so the event's gate pass must be held while it is written); a file or
+    /// `stop` is outside any transaction.
+    pub fn in_transaction(&self) -> bool {
+        matches!(self.target, Target::Broker { .. })
+    }
+
     /// Where dead letters go, for messages.
     pub fn describe(&self) -> String {
         match &self.target {

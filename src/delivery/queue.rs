@@ -226,6 +226,16 @@ async fn pass_before_send(gate: Option<&Arc<Gate>>, pass: &mut Option<Pass>) {
     }
 }
 
+/// Exactly-once: gives the event's pass back before a dead letter that is not written into
+/// the transaction (a file): nothing of the event is in the transaction then.
+fn outside_the_transaction(dead_letter: &DeadLetter, pass: &mut Option<Pass>) {
+    if !dead_letter.in_transaction()
+        && let Some(p) = pass.take()
+    {
+        p.settle();
+    }
+}
+
 /// Sends the event once, the common case: no rate limit to wait for, no trace, accepted at
 /// once. Everything else (rate limits, traces, retries, the dead letter) is in
 /// [`send_slowly`], boxed: inline, its state would make every in-flight event's future larger.
@@ -256,8 +266,10 @@ async fn send_with_retries(send: &Attempt<'_>, pass: &mut Option<Pass>) -> Resul
 /// Exactly-once: each attempt takes the gate pass after the rate limits, right before its
 /// send, so a commit never waits for a rate limit or a backoff. A retriable failure leaves
 /// nothing of the event in the transaction (the sink's contract), so the pass is given back
-/// before the backoff; a permanent one keeps it through the dead letter's write, which goes
-/// into the transaction too.
+/// before the backoff. A permanent one (refused before it joined the transaction) keeps it
+/// through a broker dead letter's write, which goes into the transaction too, and gives it
+/// back before a file's, which is outside it and may be retried for long: a commit never waits
+/// for it.
 async fn send_slowly(
     send: &Attempt<'_>,
     mut failed: Option<SendError>,
@@ -306,6 +318,7 @@ async fn send_slowly(
             }
             Err(SendError::Fatal(reason)) => break Err(DeliveryError::Fatal(reason)),
             Err(SendError::Permanent(reason)) => {
+                outside_the_transaction(dead_letter, pass);
                 if let Err(e) = dead_letter.put(sink, msg, &reason).await {
                     break Err(e);
                 }
@@ -321,6 +334,7 @@ async fn send_slowly(
                 } else {
                     format!("gave up after {attempt} attempts: {reason}")
                 };
+                outside_the_transaction(dead_letter, pass);
                 if let Err(e) = dead_letter.put(sink, msg, &reason).await {
                     break Err(e);
                 }

@@ -479,3 +479,32 @@ async fn a_retriable_failure_lets_a_commit_go_ahead_while_backing_off() {
     assert!(!gate.broken());
     assert_eq!(gate.passes(), 0);
 }
+
+/// Exactly-once: an event refused for good goes to the file dead letter, outside the
+/// transaction: its pass is given back first, so a dead-letter file that cannot be written
+/// (retried with backoff) holds up neither a commit nor the other objects' events.
+#[tokio::test(start_paused = true)]
+async fn a_file_dead_letter_being_retried_holds_no_gate_pass() {
+    let h = Harness::new(&config(100, 10), "GateDeadLetter");
+    // A directory where the file should be: every write fails until it is gone.
+    std::fs::create_dir(&h.dead_letter).unwrap();
+    let (a1, b2) = (id("a", 1), id("b", 2));
+    h.stub.answer(&a1, Err(SendError::Permanent("message too large".into())));
+    let (gate, tx, run) = gated(&h, None);
+    tx.send(job(0, "a", 1)).await.unwrap();
+    let failed = Step::Finished(Err(SendError::Permanent("message too large".into())));
+    h.stub.wait_until(|log| log.iter().any(|r| r.step == failed)).await;
+    settle().await;
+    assert_eq!(gate.passes(), 0, "no pass while the dead letter is retried");
+    let sealed = tokio::time::timeout(Duration::from_secs(60), gate.seal()).await.expect("a commit goes ahead");
+    assert!(!sealed.broken());
+    drop(sealed);
+    tx.send(job(1, "b", 2)).await.unwrap();
+    h.stub.wait_until(|log| log.iter().any(|r| r.id == b2 && r.step == Step::Finished(Ok(())))).await;
+    std::fs::remove_dir(&h.dead_letter).unwrap();
+    drop(tx);
+    run.await.unwrap().expect("delivered");
+    assert_eq!(h.dead_letters().len(), 1, "written once the file could be");
+    assert_eq!(h.acked_events(), 2);
+    assert!(!gate.broken());
+}
