@@ -824,7 +824,10 @@ fn config_raw_is_used_verbatim_and_must_watch_what_rbac_grants() {
     let out = template("minimal", &[&format!("config.raw={sharded}"), "coordination.enabled=true"]);
     assert!(!out.status.success());
     let err = text(&out.stderr);
-    assert!(err.contains("shards = 4 but coordination.shards is 1") && err.contains("coordination.shards = 4"), "{err}");
+    assert!(
+        err.contains("shards = 4 but coordination.shards is 1") && err.contains("coordination.shards = 4"),
+        "{err}"
+    );
     // Not TOML at all.
     let out = template("minimal", &["config.raw=[cluster"]);
     assert!(

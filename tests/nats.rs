@@ -511,7 +511,16 @@ async fn core_nats_mode_publishes_to_subscribers() {
     let m = tokio::time::timeout(WAIT, sub.next()).await.expect("the change after the big one").unwrap();
     let e: Value = serde_json::from_slice(&m.payload).unwrap();
     assert_eq!(e["subject"], format!("{}/after", ns.name));
-    let dead = std::fs::read_to_string(k.dir.path().join("state").join("dead-letter.jsonl")).unwrap_or_default();
+    // (Another object: its event may be published before the dead letter is written.)
+    let file = k.dir.path().join("state").join("dead-letter.jsonl");
+    let deadline = Instant::now() + WAIT;
+    let dead = loop {
+        let dead = std::fs::read_to_string(&file).unwrap_or_default();
+        if dead.contains(&format!("{}/big", ns.name)) || Instant::now() > deadline {
+            break dead;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert!(
         dead.contains(&format!("{}/big", ns.name)) && dead.contains("max payload"),
         "dead letter:\n{dead}\n{}",
