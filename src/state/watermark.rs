@@ -257,9 +257,9 @@ mod tests {
         assert_eq!(wm.committed().objects.len(), 1);
     }
 
-    #[test]
-    fn a_position_carries_at_most_max_acked_ahead_acknowledgements_ahead_of_a_gap() {
-        let cp = StreamCheckpoint::new(
+    /// A new checkpoint of the cluster-wide ConfigMaps of cluster `c`.
+    fn configmaps_checkpoint() -> StreamCheckpoint {
+        StreamCheckpoint::new(
             StreamKey {
                 cluster: "c".into(),
                 group: "".into(),
@@ -271,7 +271,12 @@ mod tests {
                 shard: None,
             },
             None,
-        );
+        )
+    }
+
+    #[test]
+    fn a_position_carries_at_most_max_acked_ahead_acknowledgements_ahead_of_a_gap() {
+        let cp = configmaps_checkpoint();
         // Item 0 (an event retried for long) is not acknowledged; 20000 after it are.
         for seq in 1..=20_000u64 {
             let (uid, rv) = (format!("uid-{seq:05}"), format!("{}", 1000 + seq));
@@ -285,19 +290,7 @@ mod tests {
 
     #[test]
     fn changes_acknowledged_ahead_are_in_the_delta_and_only_changed_entries_are() {
-        let cp = StreamCheckpoint::new(
-            StreamKey {
-                cluster: "c".into(),
-                group: "".into(),
-                version: "v1".into(),
-                kind: "ConfigMap".into(),
-                namespace: None,
-                label_selector: "".into(),
-                field_selector: "".into(),
-                shard: None,
-            },
-            None,
-        );
+        let cp = configmaps_checkpoint();
         assert_eq!(cp.take(false), None, "nothing to write");
         cp.ack(1, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("11")), rv: "11".into() });
         cp.ack(2, Effect::Watched { op: IndexOp::Remove("c".into()), rv: "12".into() });

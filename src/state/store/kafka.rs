@@ -317,6 +317,9 @@ fn read_to_end(
             };
             return Err(broker(&what, format!("not read to its end within 300 s ({}){why}", ends.join(", "))));
         }
+        // Whether to look at the positions after this poll: at an end or a pause, and every
+        // few hundred records (other writers may keep committing after the end asked for).
+        let mut look = true;
         match consumer.poll(Duration::from_millis(500)) {
             None | Some(Err(KafkaError::PartitionEOF(_))) => {}
             Some(Err(KafkaError::MessageConsumption(code))) if is_transient(code) => {
@@ -325,11 +328,15 @@ fn read_to_end(
             Some(Err(e)) => return Err(broker(&what, format!("reading it: {e}"))),
             Some(Ok(m)) => {
                 records += 1;
+                look = records.is_multiple_of(256);
                 let Some(key) = m.key() else { continue };
                 let key = std::str::from_utf8(key)
                     .map_err(|e| broker(&what, format!("a key that is not UTF-8 at offset {}: {e}", m.offset())))?;
                 each(key, &m)?;
             }
+        }
+        if !look {
+            continue;
         }
         // The position passes transaction markers and aborted records, which are not delivered.
         let positions = consumer.position().map_err(|e| broker(&what, format!("position: {e}")))?;
