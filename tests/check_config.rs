@@ -26,6 +26,23 @@ api_version = "v1"
 kind = "ConfigMap"
 "#;
 
+/// The variables Kubernetes puts in pods for a Service named `kubecast-admin` in their
+/// namespace (service links) look like overrides with one underscore: they are not refused.
+#[test]
+fn a_service_s_link_variables_are_not_taken_for_overrides() {
+    let links = [
+        ("KUBECAST_ADMIN_SERVICE_HOST", "10.0.0.1"),
+        ("KUBECAST_ADMIN_SERVICE_PORT", "9090"),
+        ("KUBECAST_ADMIN_PORT", "tcp://10.0.0.1:9090"),
+        ("KUBECAST_ADMIN_PORT_9090_TCP", "tcp://10.0.0.1:9090"),
+        ("KUBECAST_ADMIN_PORT_9090_TCP_PROTO", "tcp"),
+        ("KUBECAST_ADMIN_PORT_9090_TCP_PORT", "9090"),
+        ("KUBECAST_ADMIN_PORT_9090_TCP_ADDR", "10.0.0.1"),
+    ];
+    let (ok, _, err) = check(GOOD, &links);
+    assert!(ok, "{err}");
+}
+
 #[test]
 fn a_valid_config_passes_with_a_one_line_summary() {
     let (ok, out, err) = check(GOOD, &[]);
@@ -169,6 +186,22 @@ const BAD: &[BadCase] = &[
         &["checkpoint.kafka.properties", "only used with checkpoint.kafka.brokers"],
     ),
     (
+        "the Kafka store's brokers while the positions go to files",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[checkpoint.kafka]\nbrokers = \"other:9092\"\ntopic = \"my-state\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &[
+            "checkpoint.kafka.brokers",
+            "only used with checkpoint.store = \"kafka\", and the store is \"file\"",
+            "set checkpoint.store = \"kafka\"",
+        ],
+    ),
+    (
+        "the NATS store's server while the positions go to Kafka",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.nats]\nurl = \"nats://n:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["checkpoint.nats.url", "only used with checkpoint.store = \"nats\", and the store is \"kafka\""],
+    ),
+    (
         "a state-store secret from a variable that is not set",
         "[sink]\ntype = \"stdout\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"k:9092\"\n[checkpoint.kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"${env:KUBECAST_TEST_SURELY_UNSET}\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
@@ -233,6 +266,12 @@ const BAD: &[BadCase] = &[
         "[coordination]\nenabled = true\nshards = 0\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
         &["coordination.shards", "is 0; it must be between 1 and 256"],
+    ),
+    (
+        "a shards' lease name longer than a label value",
+        "[coordination]\nenabled = true\nshards = 2\nlease_name = \"kubecast-production-eu-west-1-payments-and-orders-platform-events\"\n[checkpoint]\nstore = \"nats\"\n[checkpoint.nats]\nurl = \"nats://x:4222\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
+        &[],
+        &["coordination.lease_name", "65 characters", "at most 63"],
     ),
     (
         "shards with the state in one replica's directory",
@@ -459,6 +498,12 @@ const BAD: &[BadCase] = &[
         "",
         &[("KUBECAST_CHECKPOINT_KAFKA__TOPIC", "positions")],
         &["checkpoint_kafka", "KUBECAST_CHECKPOINT_KAFKA__TOPIC", "checkpoint"],
+    ),
+    (
+        "an env override of a resource entry",
+        "",
+        &[("KUBECAST_RESOURCES__0__KIND", "Secret")],
+        &["resources", "KUBECAST_RESOURCES__0__KIND", "cannot be set from the environment"],
     ),
     (
         "an env override with one underscore after the section",

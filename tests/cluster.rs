@@ -325,13 +325,19 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     // A crash: the active kubecast SIGKILLed (no final checkpoint, the Lease not given up): the
     // standby takes over once the Lease expires; the kubelet restarts the killed container.
     let leader = r.one_leader().await;
+    // The leader's identity in the Lease: its pod's name and uid (what a replacement of the
+    // same name, or a replica given the same configured identity, does not share).
+    let uid = kubectl(&["-n", &r.ns.name, "get", "pod", &leader, "-o", "jsonpath={.metadata.uid}"]);
+    let holders = kubectl(&["-n", &r.ns.name, "get", "leases", "-o", "jsonpath={.items[*].spec.holderIdentity}"]);
+    let identity = format!("{leader}-{}", uid.trim().replace('-', "").get(..8).expect("a pod uid"));
+    assert!(holders.split_whitespace().any(|h| h == identity), "{identity} holds the Lease: {holders}");
     let restarts = |pod: &str| r.pods().into_iter().find(|p| p.name == pod).map_or(0, |p| p.restarts);
     let before = restarts(&leader);
     let watch = Publishers::start(&r.ns.name, Release::selector());
     let killed = std::time::Instant::now();
     assert!(node::kill9_pod(&leader), "the kubecast process of {leader} found and killed");
-    // The new leader: the standby, or the killed pod's restarted container (both wait for the
-    // Lease to expire: the restarted process is another identity).
+    // The new leader: the standby once the Lease expired, or the killed pod's restarted
+    // container (the same pod, the same identity: it takes the Lease back at once).
     let deadline = std::time::Instant::now() + WAIT;
     loop {
         let l = r.leaders();

@@ -218,6 +218,34 @@ async fn kill_and_pause(delivery: Delivery) {
     }
 }
 
+/// A lone replica paused past its renew deadline: woken up, it finds its shards' Leases lost
+/// and stops them without writing. Nobody else took them, so the Leases still name it: it takes
+/// them back (they are free to it) and delivers the changes made meanwhile, in both shards.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lone_replica_takes_back_the_shards_it_lost_at_a_missed_renew_deadline() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-back").await;
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 2, &common::unique("shards-state"));
+    let mut kc = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+    wait_spread(&mut [&mut kc], 2, &[2], "one replica").await;
+    kc.wait_log("list complete", 2).await;
+    // Past the renew deadline (2 s): the pause is the fault, not a wait.
+    kc.signal("STOP");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    kc.signal("CONT");
+    kc.wait_log("shard lost", 2).await;
+    wait_spread(&mut [&mut kc], 2, &[2], "after the wake-up").await;
+    let names: BTreeSet<String> = (0..20).map(|i| format!("{}/back-{i}", ns.name)).collect();
+    for i in 0..20 {
+        create_cm(&client, &ns.name, &format!("back-{i}"), json!({}), json!({"v": "1"})).await;
+    }
+    let seen = |evs: &[Value]| -> BTreeSet<String> {
+        evs.iter().filter_map(|e| e["subject"].as_str()).filter(|s| names.contains(*s)).map(String::from).collect()
+    };
+    kc.wait_for("every ConfigMap made after the wake-up", WAIT, |e| seen(e) == names).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
 /// One replica running 4 shards and an unsharded kubecast on the same ConfigMaps emit the
 /// same events (ids, in the same order per object), whether the apiserver applies the shard
 /// selector or kubecast filters by the same hash itself; `kubecast_shard_skipped_total` says

@@ -10,8 +10,9 @@ use common::{Kubecast, TestNamespace, client, cm_config, create_cms, names};
 
 /// A sink slower than the changes (rate limit 20/s) and more changes than the channels and
 /// the queue hold: at SIGTERM the shaping stage is blocked on the full queue. kubecast still
-/// stops within its shutdown timeout, and the checkpoint it leaves holds exactly delivered
-/// objects (none it did not deliver).
+/// stops within its shutdown timeout, its admin server answering through the drain ("shutting
+/// down"), and the checkpoint it leaves holds exactly delivered objects (none it did not
+/// deliver).
 #[tokio::test]
 async fn a_stop_behind_a_slow_sink_ends_by_the_deadline_with_the_final_checkpoint() {
     let client = client().await;
@@ -32,7 +33,12 @@ async fn a_stop_behind_a_slow_sink_ends_by_the_deadline_with_the_final_checkpoin
     assert!(kc.checkpoints().is_empty(), "nothing written before the stop");
 
     let stopped_at = Instant::now();
-    let status = kc.stop();
+    kc.signal("TERM");
+    // Through the drain the admin server answers: not ready, shutting down; metrics served.
+    kc.wait_ready_reason("shutting down").await;
+    let (code, metrics) = kc.admin_get("/metrics").await;
+    assert!(code == 200 && metrics.contains("kubecast_queue_depth"), "{code}: {metrics}");
+    let status = kc.wait_exit(Duration::from_secs(timeout + 30)).await;
     let took = stopped_at.elapsed();
     assert!(status.success(), "{}", kc.log());
     // The deadline plus the start-up of the drain and the final write.

@@ -1,5 +1,5 @@
 //! Start-up refusals that name what is wrong: a second process on one checkpoint directory,
-//! a broken kubeconfig named by `KUBECONFIG`.
+//! a broken kubeconfig named by `KUBECONFIG`; the admin server up before the sink.
 
 use kubecast_kit as common;
 
@@ -94,6 +94,20 @@ async fn an_unreachable_apiserver_is_named_in_the_log_and_in_readyz() {
     k.wait_log("the apiserver cannot be reached", 1).await;
     assert!(k.log().contains("apiserver=https://127.0.0.1:9/"), "{}", k.log());
     assert!(k.stop().success(), "stops cleanly while unreachable\n{}", k.log());
+}
+
+/// The admin server answers before the sink is open: a NATS server that cannot be reached
+/// holds the opening for up to 10 s, and meanwhile `/livez` is 200 and `/readyz` 503 naming
+/// the sink (a liveness probe must not restart a process that waits for its broker).
+#[tokio::test]
+async fn the_admin_server_answers_while_the_sink_is_opened() {
+    let sink = "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"nats://127.0.0.1:9\"\nsubject = \"kubecast.x\"\n";
+    let mut k = Kubecast::start_with_sink(&cm_config("default", ""), sink, "", &[]);
+    k.wait_ready_reason("sink: not open yet").await;
+    let (live, _) = k.admin_get("/livez").await;
+    assert_eq!(live, 200, "{}", k.log());
+    // Stopped while it waits for NATS: how it ends is not what this is about.
+    k.stop();
 }
 
 /// The kubeconfig as JSON (kube reads JSON as YAML; the test env writes YAML).

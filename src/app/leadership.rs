@@ -118,13 +118,16 @@ pub async fn keep_lease(
     let mut renewed = Instant::now();
     tenure.renewed(renewed);
     let result = loop {
+        // A retry period, or less when the renew deadline comes first (after failed attempts):
+        // the loss is noticed at the deadline, not up to a retry period after it.
+        let wait = retry.min(deadline.saturating_sub(renewed.elapsed()));
         tokio::select! {
             _ = stop.cancelled() => {
                 let _ = tokio::time::timeout(retry, elector.release()).await;
                 set_leader(&elector, false, 0);
                 return Ok(());
             }
-            _ = tokio::time::sleep(retry) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
         let left = deadline.saturating_sub(renewed.elapsed());
         if left.is_zero() {

@@ -13,7 +13,8 @@
 //! checkpoint (see `state/watermark.rs`). All channels are bounded: when the sink is slow they
 //! fill and the reflectors stop reading their watches (backpressure).
 //!
-//! The admin server is bound before any watch starts. Once the Lease is held, `active.rs`
+//! The admin server is bound first (before the sink is opened and any watch starts) and
+//! answers until the drain is done. Once the Lease is held, `active.rs`
 //! runs the streams: supervision (`supervise.rs`) until the token fires, a stream fails or
 //! the queue stops; then `shutdown.rs` drains. With `[coordination] shards` above 1,
 //! `shards.rs` runs each shard this replica holds that way.
@@ -48,13 +49,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     }
     let pipeline = Pipeline::new(config);
     let config = &pipeline.config;
+    // The admin server answers from here until `run` returns, through the drain (`/readyz`:
+    // not ready, "shutting down"; `/metrics` shows the drain).
+    let health = Health::new(pipeline.stream_names());
+    let admin_stop = CancellationToken::new();
+    let _admin = admin_stop.clone().drop_guard();
+    admin::serve(&config.admin, health.clone(), admin_stop).await?;
     let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);
+    health.set_sink(sink.connected(), sink.unreachable_cause());
     check_nats_streams(config, &client, &sink).await?;
     check_dead_letter(config, &sink).await?;
-    let health = Health::new(pipeline.stream_names(), sink.connected(), sink.unreachable_cause());
 
     let cancel = shutdown.child_token();
-    admin::serve(&pipeline.config.admin, health.clone(), cancel.clone()).await?;
     tokio::spawn(supervise::probe_apiserver(client.clone(), apiserver, health.clone(), cancel.clone()));
     if sink.kafka().is_some() {
         tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));

@@ -14,8 +14,7 @@
 //! failure of a shard stops the replica, as it stops an unsharded run.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
@@ -61,10 +60,13 @@ pub async fn run(
     let cfg = config.coordination.clone();
     let count = cfg.shards;
     let identity = cfg.identity();
-    let health = Health::new(Vec::new(), Arc::new(AtomicBool::new(true)), Arc::new(Mutex::new(None)));
+    let health = Health::sharded();
     health.set_standby(Some(format!("standby: holding none of the {count} shards yet")));
     let cancel = shutdown.child_token();
-    admin::serve(&config.admin, health.clone(), cancel.clone()).await?;
+    // Answers until every shard drained and `run` returns.
+    let admin_stop = CancellationToken::new();
+    let _admin = admin_stop.clone().drop_guard();
+    admin::serve(&config.admin, health.clone(), admin_stop).await?;
     tokio::spawn(supervise::probe_apiserver(client.clone(), apiserver, health.clone(), cancel.clone()));
     let m = crate::observe::metrics::get();
     for s in Shard::all(count) {
@@ -83,17 +85,39 @@ pub async fn run(
     let mut releasing: Option<Shard> = None;
     let retry = Duration::from_secs(cfg.retry_period_seconds.into());
     let mut failure: Option<RunError> = None;
+    // Each call to the apiserver gets a retry period: a connection that stopped answering must
+    // not hold up the shards' handovers, the noticing of a failed shard, or the stop.
+    let no_answer = || format!("no answer from the apiserver within {retry:?}");
     while failure.is_none() && !cancel.is_cancelled() {
-        if let Err(e) = members.heartbeat().await {
-            warn!(error = %e, "this replica's member lease not renewed; retrying");
+        // Why the Leases cannot be read or taken in this round: not ready while it lasts.
+        let mut problem = None;
+        match tokio::time::timeout(retry, members.heartbeat()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(error = %e, "this replica's member lease not renewed; retrying");
+                problem = Some(e.to_string());
+            }
+            Err(_) => warn!("this replica's member lease not renewed: {}; retrying", no_answer()),
         }
-        match members.list().await {
-            Err(e) => warn!(error = %e, "the shards' leases cannot be listed; retrying"),
+        let listed = match tokio::time::timeout(retry, members.list()).await {
+            Ok(listed) => listed.map_err(|e| e.to_string()),
+            Err(_) => Err(no_answer()),
+        };
+        match listed {
+            Err(e) => {
+                warn!(error = %e, "the shards' leases cannot be listed; retrying");
+                problem = Some(e);
+            }
             Ok(group) => {
                 let holders = Shard::all(count)
                     .map(|s| match electors.get_mut(&s) {
                         None => Some(identity.clone()), // running here
-                        Some(e) => e.observe(group.shards.get(&s.lease_name(&cfg.lease_name))),
+                        // A Lease that still names this replica while the shard does not run
+                        // here (lost at a missed renew deadline, or taken by an attempt that
+                        // timed out after its write) is free: taken back like any other.
+                        Some(e) => e
+                            .observe(group.shards.get(&s.lease_name(&cfg.lease_name)))
+                            .filter(|holder| *holder != identity),
                     })
                     .collect();
                 let mut view = View { members: group.members, holders };
@@ -121,6 +145,7 @@ pub async fn run(
                         }
                         Ok(Err(err)) => {
                             warn!(shard = %s, error = %err, "the shard's lease cannot be taken; retrying");
+                            problem = Some(err.to_string());
                             electors.insert(s, e);
                         }
                         Err(_) => {
@@ -130,6 +155,7 @@ pub async fn run(
                 }
             }
         }
+        health.set_lease_problem(problem.map(|p| format!("the lease cannot be read or taken: {p}")));
         set_standby(&health, &running, count);
         tokio::select! {
             _ = cancel.cancelled() => {}
@@ -147,6 +173,7 @@ pub async fn run(
         }
     }
     // Stop every shard (each drains and gives its Lease up), then leave the group.
+    health.set_shutting_down();
     cancel.cancel();
     while let Some(joined) = units.join_next().await {
         let (s, result) = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
@@ -156,7 +183,9 @@ pub async fn run(
             failure = Some(e);
         }
     }
-    members.leave().await;
+    if tokio::time::timeout(retry, members.leave()).await.is_err() {
+        warn!("this replica's member lease not deleted: {} (it expires)", no_answer());
+    }
     info!("kubecast stopped");
     failure.map_or(Ok(()), Err)
 }
@@ -233,12 +262,18 @@ async fn run_shard(
             return (shard, stopped_or_failed.transpose().map(drop));
         }
     };
-    let health = Health::new(pipeline.stream_names(), sink.connected(), sink.unreachable_cause());
+    let health = Health::new(pipeline.stream_names());
+    health.set_sink(sink.connected(), sink.unreachable_cause());
     shared.health.set_shard(shard, Some(health.clone()));
     if sink.kafka().is_some() {
         tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));
     }
     let active = Active { client: &shared.client, limiter: &shared.limiter, sink, health: &health, cancel };
     let held = Held { epoch: Some(i64::from(epoch)), writer, keeper: Some(keeper), stop, lost, tenure };
-    (shard, active::run(pipeline, active, held).await)
+    let streams = pipeline.stream_names();
+    let result = active::run(pipeline, active, held).await;
+    // Its streams run elsewhere now: their gauges here would be stale (a stall or a checkpoint
+    // age frozen at their last value, alerting on a replica that no longer runs them).
+    crate::observe::metrics::forget_stream_gauges(&streams);
+    (shard, result)
 }

@@ -317,7 +317,7 @@ fn single_underscore_overrides(names: impl Iterator<Item = std::ffi::OsString>) 
         .filter_map(|name| {
             let rest = name.strip_prefix(ENV_PREFIX)?.to_ascii_lowercase();
             let (section, key) = SECTIONS.iter().find_map(|s| Some((*s, rest.strip_prefix(s)?.strip_prefix('_')?)))?;
-            (!key.is_empty()).then(|| {
+            (!key.is_empty() && !is_service_link(key)).then(|| {
                 Problem::new(
                     format!("{section}.{key}"),
                     format!(
@@ -334,6 +334,28 @@ fn single_underscore_overrides(names: impl Iterator<Item = std::ffi::OsString>) 
         .collect();
     out.sort_by(|a, b| a.key.cmp(&b.key));
     out
+}
+
+/// Whether `key` (after `KUBECAST_<SECTION>_`) ends like a variable Kubernetes puts in pods for
+/// each Service of their namespace (service links: `<SERVICE>_SERVICE_HOST`,
+/// `<SERVICE>_SERVICE_PORT[_<NAME>]`, `<SERVICE>_PORT[_<port>_<PROTO>[_PROTO|_PORT|_ADDR]]`), as
+/// a Service named e.g. `kubecast-admin` gives: not a misspelt override, and not kubecast's.
+fn is_service_link(key: &str) -> bool {
+    let parts: Vec<&str> = key.split('_').collect();
+    let protocol = |p: &str| matches!(p, "tcp" | "udp" | "sctp");
+    parts.windows(2).any(|w| w[0] == "service" && matches!(w[1], "host" | "port"))
+        || parts.iter().enumerate().any(|(i, p)| {
+            *p == "port"
+                && match &parts[i + 1..] {
+                    [] => true,
+                    [number, proto, rest @ ..] => {
+                        number.bytes().all(|b| b.is_ascii_digit())
+                            && protocol(proto)
+                            && matches!(rest, [] | ["proto" | "port" | "addr"])
+                    }
+                    _ => false,
+                }
+        })
 }
 
 fn problem_of(e: &figment::Error) -> Problem {
@@ -369,9 +391,19 @@ fn problem_of(e: &figment::Error) -> Problem {
     if !e.metadata.as_ref().is_some_and(|md| md.name.contains("environment")) {
         return Problem { key, message, fix };
     }
+    let variables = variables_of(&e.path);
+    if e.path.first().is_some_and(|s| s == "resources") {
+        return Problem {
+            key,
+            message: format!("{message} (set by the environment variable {variables})"),
+            fix: format!(
+                "[[resources]] is a list of tables and cannot be set from the environment: write the entries in the config file, and unset {variables}"
+            ),
+        };
+    }
     Problem {
         key,
-        message: format!("{message} (set by the environment variable {})", variables_of(&e.path)),
+        message: format!("{message} (set by the environment variable {variables})"),
         fix: format!("{fix}{}", if is_scalar_type_error(&e.kind) { QUOTE_DIGITS } else { "" }),
     }
 }
@@ -477,12 +509,23 @@ mod tests {
             "KUBECAST_SINKS_TYPE",
             "OTHER_SINK_TYPE",
             "KUBECAST_cluster_name",
+            // A Service `kubecast-admin` (or `kubecast-sink-events`) in the pod's namespace.
+            "KUBECAST_ADMIN_SERVICE_HOST",
+            "KUBECAST_ADMIN_SERVICE_PORT",
+            "KUBECAST_ADMIN_SERVICE_PORT_METRICS",
+            "KUBECAST_ADMIN_PORT",
+            "KUBECAST_ADMIN_PORT_9090_TCP",
+            "KUBECAST_ADMIN_PORT_9090_TCP_ADDR",
+            "KUBECAST_SINK_EVENTS_PORT_4222_TCP_PROTO",
+            "KUBECAST_SINK_EVENTS_SERVICE_HOST",
+            // Not service links.
+            "KUBECAST_DELIVERY_PORT_RATE",
         ];
         let problems = single_underscore_overrides(names.iter().map(std::ffi::OsString::from));
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
         // `KUBECAST_CHECKPOINT_KAFKA__TOPIC` has a `__`: figment reads it (as `checkpoint_kafka.topic`,
         // an unknown section it then refuses by name).
-        assert_eq!(keys, ["cluster.name", "sink.type"]);
-        assert!(problems[1].fix.contains("KUBECAST_SINK__TYPE"), "{:?}", problems[1]);
+        assert_eq!(keys, ["cluster.name", "delivery.port_rate", "sink.type"]);
+        assert!(problems[2].fix.contains("KUBECAST_SINK__TYPE"), "{:?}", problems[2]);
     }
 }

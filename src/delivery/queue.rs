@@ -30,7 +30,7 @@ pub use super::error::DeliveryError;
 use super::retry::RetryPolicy;
 use crate::model::gate::{Gate, Pass};
 use crate::model::{Effect, Verb};
-use crate::observe::metrics::StreamMetrics;
+use crate::observe::metrics::{GaugeShare, StreamMetrics};
 use crate::sink::{Outbound, SendError, Sink};
 use crate::state::watermark::StreamCheckpoint;
 
@@ -91,14 +91,16 @@ impl Queue {
         let batch_size = refill_batch(self.capacity);
         let mut accepting = true;
         let mut batch: Vec<Job> = Vec::with_capacity(batch_size);
+        // This queue's part of the process's gauges (several with shards).
+        let g = crate::observe::metrics::get();
+        let (depth, flying) = (GaugeShare::new(&g.queue_depth), GaugeShare::new(&g.in_flight));
         loop {
             while in_flight.len() < self.max_in_flight {
                 let Some(job) = ready.pop_front() else { break };
                 in_flight.push(self.deliver(job));
             }
-            let g = crate::observe::metrics::get();
-            g.queue_depth.set(held as i64);
-            g.in_flight.set(in_flight.len() as i64);
+            depth.set(held as i64);
+            flying.set(in_flight.len() as i64);
             if !input_open && held == 0 {
                 return Ok(());
             }

@@ -15,13 +15,22 @@ pub enum StreamPhase {
     Synced = 2,
 }
 
+/// The sink whose connection readiness and `kubecast_sink_connected` report.
+#[derive(Debug)]
+enum SinkSignal {
+    /// Not open yet: the process is starting (its admin server already answers).
+    Opening,
+    /// Whether its broker is reachable, and why not when the sink knows.
+    Open { connected: Arc<AtomicBool>, cause: Arc<Mutex<Option<String>>> },
+    /// `[coordination] shards`: each shard held has a sink of its own, with its own health.
+    PerShard,
+}
+
 /// Shared health state, written by the streams and the sink, read by `/readyz`.
 #[derive(Debug)]
 pub struct Health {
     streams: Vec<(String, AtomicU8)>,
-    sink_connected: Arc<AtomicBool>,
-    /// Why the sink's broker is not reachable, when the sink knows.
-    sink_cause: Arc<Mutex<Option<String>>>,
+    sink: Mutex<SinkSignal>,
     shutting_down: AtomicBool,
     /// Why the apiserver cannot be reached, while it cannot (names its address).
     apiserver: Mutex<Option<String>>,
@@ -37,23 +46,33 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn new(
-        stream_names: Vec<String>,
-        sink_connected: Arc<AtomicBool>,
-        sink_cause: Arc<Mutex<Option<String>>>,
-    ) -> Arc<Self> {
+    /// The health of `stream_names`, whose sink is not open yet ([`Self::set_sink`]).
+    pub fn new(stream_names: Vec<String>) -> Arc<Self> {
+        Self::with_sink(stream_names, SinkSignal::Opening)
+    }
+
+    /// A sharded process's: no streams or sink of its own, its shards' health under it.
+    pub fn sharded() -> Arc<Self> {
+        Self::with_sink(Vec::new(), SinkSignal::PerShard)
+    }
+
+    fn with_sink(stream_names: Vec<String>, sink: SinkSignal) -> Arc<Self> {
         let stalls = Mutex::new(vec![None; stream_names.len()]);
         Arc::new(Self {
             stalls,
             streams: stream_names.into_iter().map(|n| (n, AtomicU8::new(StreamPhase::Starting as u8))).collect(),
-            sink_connected,
-            sink_cause,
+            sink: Mutex::new(sink),
             shutting_down: AtomicBool::new(false),
             apiserver: Mutex::new(None),
             standby: Mutex::new(None),
             lease: Mutex::new(None),
             shards: Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// The sink is open: `connected` says whether its broker is reachable, `cause` why not.
+    pub fn set_sink(&self, connected: Arc<AtomicBool>, cause: Arc<Mutex<Option<String>>>) {
+        *self.sink.lock().expect("health lock") = SinkSignal::Open { connected, cause };
     }
 
     /// `[coordination] shards`: this process runs `shard`, whose streams report to `health`
@@ -100,9 +119,16 @@ impl Health {
         self.streams[stream].1.store(phase as u8, Ordering::Relaxed);
     }
 
-    /// Whether the sink's destination is reachable (stdout and file: always).
+    /// Whether the sink's destination is reachable (stdout and file: always; not before the
+    /// sink is open; sharded: every held shard's).
     pub fn sink_connected(&self) -> bool {
-        self.sink_connected.load(Ordering::Relaxed)
+        match &*self.sink.lock().expect("health lock") {
+            SinkSignal::Opening => false,
+            SinkSignal::Open { connected, .. } => connected.load(Ordering::Relaxed),
+            SinkSignal::PerShard => {
+                self.shards.lock().expect("health lock").values().all(|shard| shard.sink_connected())
+            }
+        }
     }
 
     pub fn set_shutting_down(&self) {
@@ -139,11 +165,16 @@ impl Health {
         if let Some(reason) = self.apiserver.lock().expect("health lock").as_ref() {
             out.push(reason.clone());
         }
-        if !self.sink_connected.load(Ordering::Relaxed) {
-            match self.sink_cause.lock().expect("health lock").as_deref() {
-                Some(cause) => out.push(format!("sink: broker not reachable: {cause}")),
-                None => out.push("sink: broker not reachable".to_string()),
+        match &*self.sink.lock().expect("health lock") {
+            SinkSignal::Opening => out.push("sink: not open yet".to_string()),
+            SinkSignal::Open { connected, cause } if !connected.load(Ordering::Relaxed) => {
+                match cause.lock().expect("health lock").as_deref() {
+                    Some(cause) => out.push(format!("sink: broker not reachable: {cause}")),
+                    None => out.push("sink: broker not reachable".to_string()),
+                }
             }
+            // Each shard's sink is among its reasons above.
+            SinkSignal::Open { .. } | SinkSignal::PerShard => {}
         }
         out
     }
@@ -154,16 +185,14 @@ mod tests {
     use super::*;
 
     fn health(streams: &[&str]) -> Arc<Health> {
-        Health::new(
-            streams.iter().map(|s| s.to_string()).collect(),
-            Arc::new(AtomicBool::new(true)),
-            Default::default(),
-        )
+        let h = Health::new(streams.iter().map(|s| s.to_string()).collect());
+        h.set_sink(Arc::new(AtomicBool::new(true)), Default::default());
+        h
     }
 
     #[test]
     fn a_held_shard_s_streams_count_for_readiness_with_the_shard_named() {
-        let process = health(&[]);
+        let process = Health::sharded();
         let shard = Shard::new(1, 4).unwrap();
         let streams = health(&["v1 ConfigMap (cluster-wide) [shard 1-of-4]"]);
         process.set_shard(shard, Some(streams.clone()));
@@ -187,5 +216,35 @@ mod tests {
         assert_eq!(h.not_ready(), ["the lease cannot be read or taken: forbidden"]);
         h.set_lease_problem(None);
         assert!(h.not_ready().is_empty());
+    }
+
+    #[test]
+    fn the_sink_is_not_ready_until_open_and_while_its_broker_is_not_reachable() {
+        let h = Health::new(Vec::new());
+        assert!(!h.sink_connected());
+        assert_eq!(h.not_ready(), ["sink: not open yet"]);
+        let (connected, cause) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(None)));
+        h.set_sink(connected.clone(), cause.clone());
+        assert_eq!(h.not_ready(), ["sink: broker not reachable"]);
+        *cause.lock().unwrap() = Some("connection refused".into());
+        assert_eq!(h.not_ready(), ["sink: broker not reachable: connection refused"]);
+        connected.store(true, Ordering::Relaxed);
+        assert!(h.sink_connected() && h.not_ready().is_empty());
+    }
+
+    #[test]
+    fn a_sharded_process_s_sink_is_connected_when_every_held_shard_s_is() {
+        let process = Health::sharded();
+        assert!(process.sink_connected(), "holding no shard: nothing disconnected");
+        let (one, two) = (health(&[]), Health::new(Vec::new()));
+        process.set_shard(Shard::new(0, 2).unwrap(), Some(one));
+        assert!(process.sink_connected());
+        let connected = Arc::new(AtomicBool::new(false));
+        two.set_sink(connected.clone(), Default::default());
+        process.set_shard(Shard::new(1, 2).unwrap(), Some(two));
+        assert!(!process.sink_connected(), "one shard's broker not reachable");
+        assert_eq!(process.not_ready(), ["shard 1-of-2: sink: broker not reachable"]);
+        connected.store(true, Ordering::Relaxed);
+        assert!(process.sink_connected() && process.not_ready().is_empty());
     }
 }

@@ -346,6 +346,19 @@ pub fn stream_counter(family: &Family<Stream, Counter>, stream: &str) -> Counter
     family.get_or_create(&Stream { stream: stream.to_string() }).clone()
 }
 
+/// Removes the per-stream gauges of `streams` (a shard that stopped here: its streams' stall,
+/// checkpoint age and lag, and whether the apiserver filters them, are reported where they run).
+pub fn forget_stream_gauges(streams: &[String]) {
+    let m = get();
+    for stream in streams {
+        let label = Stream { stream: stream.clone() };
+        m.stream_stalled.remove(&label);
+        m.checkpoint_age.remove(&label);
+        m.checkpoint_lag.remove(&label);
+        m.shard_server_side.remove(&label);
+    }
+}
+
 /// Labels of a resource from its `api_version` / group.
 pub fn resource(group: &str, kind: &str) -> Resource {
     Resource { group: if group.is_empty() { "core".into() } else { group.to_string() }, kind: kind.to_string() }
@@ -354,6 +367,34 @@ pub fn resource(group: &str, kind: &str) -> Resource {
 pub fn resource_verb(group: &str, kind: &str, verb: &'static str) -> ResourceVerb {
     let r = resource(group, kind);
     ResourceVerb { group: r.group, kind: r.kind, verb }
+}
+
+/// One part's share of a process-wide gauge that several parts add to (each shard's queue and
+/// Kafka transaction): [`GaugeShare::set`] moves the gauge by the difference, and dropping the
+/// share takes it back, so the gauge is the sum of the parts that run.
+#[derive(Debug)]
+pub struct GaugeShare {
+    gauge: Gauge,
+    mine: std::sync::atomic::AtomicI64,
+}
+
+impl GaugeShare {
+    pub fn new(gauge: &Gauge) -> Self {
+        Self { gauge: gauge.clone(), mine: Default::default() }
+    }
+
+    pub fn set(&self, value: i64) {
+        let old = self.mine.swap(value, std::sync::atomic::Ordering::Relaxed);
+        if old != value {
+            self.gauge.inc_by(value - old);
+        }
+    }
+}
+
+impl Drop for GaugeShare {
+    fn drop(&mut self) {
+        self.set(0);
+    }
 }
 
 #[cfg(test)]
@@ -371,5 +412,32 @@ mod tests {
         assert!(text.contains("kubecast_publish_latency_seconds_bucket"), "{text}");
         assert!(text.contains("kubecast_build_info{version=\""), "{text}");
         assert!(text.contains("# TYPE kubecast_queue_depth gauge"), "{text}");
+    }
+
+    #[test]
+    fn shares_of_a_gauge_add_up_and_leave_with_their_part() {
+        let gauge = super::Gauge::default();
+        let (a, b) = (super::GaugeShare::new(&gauge), super::GaugeShare::new(&gauge));
+        a.set(5);
+        b.set(3);
+        assert_eq!(gauge.get(), 8);
+        a.set(2);
+        assert_eq!(gauge.get(), 5);
+        drop(b);
+        assert_eq!(gauge.get(), 2, "a part that stopped no longer counts");
+        drop(a);
+        assert_eq!(gauge.get(), 0);
+    }
+
+    #[test]
+    fn a_stopped_shard_s_stream_gauges_are_removed() {
+        let m = super::get();
+        let stream = "v1 ConfigMap (cluster-wide) [shard 3-of-4] forget-test".to_string();
+        let label = super::Stream { stream: stream.clone() };
+        m.stream_stalled.get_or_create(&label).set(1);
+        m.checkpoint_age.get_or_create(&label).set(42.0);
+        assert!(m.encode().contains("forget-test"));
+        super::forget_stream_gauges(&[stream]);
+        assert!(!m.encode().contains("forget-test"), "{}", m.encode());
     }
 }

@@ -88,6 +88,24 @@ impl FileSink {
         })
     }
 
+    /// The process's one writer of `path` for `key`, opened by the first caller: a sharded
+    /// process runs a sink per shard, all with the same file, and two writers of one file would
+    /// each cut it back to their own idea of its end after a failed write, cutting off lines
+    /// the other wrote (events acknowledged, never sent again). Kept while a sink uses it.
+    pub async fn shared(path: PathBuf, key: &'static str) -> Result<Arc<Self>, SinkError> {
+        use std::collections::BTreeMap;
+        use std::sync::Weak;
+        static OPEN: Mutex<BTreeMap<PathBuf, Weak<FileSink>>> = Mutex::const_new(BTreeMap::new());
+        let mut open = OPEN.lock().await;
+        open.retain(|_, sink| sink.strong_count() > 0);
+        if let Some(sink) = open.get(&path).and_then(Weak::upgrade) {
+            return Ok(sink);
+        }
+        let sink = Arc::new(Self::open(path.clone(), key).await?);
+        open.insert(path, Arc::downgrade(&sink));
+        Ok(sink)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -253,6 +271,28 @@ mod tests {
         let sink = FileSink::open("/dev/null".into(), "sink.path").await.unwrap();
         assert!(!sink.regular);
         sink.write_line(b"{}\n").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_sinks_of_one_path_share_one_writer_while_one_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("events.jsonl");
+        let (a, b) = (
+            FileSink::shared(path.clone(), "sink.path").await.unwrap(),
+            FileSink::shared(path.clone(), "sink.path").await.unwrap(),
+        );
+        assert!(Arc::ptr_eq(&a, &b), "two shards' sinks of one file: one writer");
+        let other = FileSink::shared(dir.path().join("other.jsonl"), "sink.path").await.unwrap();
+        assert!(!Arc::ptr_eq(&a, &other));
+        a.write_line(b"a1\n").await.unwrap();
+        b.write_line(b"b1\n").await.unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a1\nb1\n");
+        let weak = Arc::downgrade(&a);
+        drop((a, b));
+        assert!(weak.upgrade().is_none(), "closed once no sink uses it");
+        let again = FileSink::shared(path.clone(), "sink.path").await.unwrap();
+        again.write_line(b"c1\n").await.unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "a1\nb1\nc1\n");
     }
 
     #[tokio::test]

@@ -30,7 +30,7 @@ pub use stdout::StdoutSink;
 #[allow(clippy::large_enum_variant)]
 pub enum Sink {
     Stdout(StdoutSink),
-    File(FileSink),
+    File(Arc<FileSink>),
     Kafka(KafkaSink),
     Nats(NatsSink),
     /// Tests only: a scripted sink (`stub.rs`); absent from the production build.
@@ -43,7 +43,9 @@ impl Sink {
     pub async fn open(cfg: &SinkConfig, max_in_flight: usize) -> Result<Sink, SinkError> {
         match cfg.kind {
             SinkType::Stdout => Ok(Sink::Stdout(StdoutSink::new())),
-            SinkType::File => Ok(Sink::File(FileSink::open(cfg.path.clone().unwrap_or_default(), "sink.path").await?)),
+            SinkType::File => {
+                Ok(Sink::File(FileSink::shared(cfg.path.clone().unwrap_or_default(), "sink.path").await?))
+            }
             SinkType::Kafka => {
                 let kc = cfg.kafka.as_ref().ok_or_else(|| SinkError::Config("[sink.kafka] is missing".into()))?;
                 Ok(Sink::Kafka(KafkaSink::new(kc)?))

@@ -38,7 +38,9 @@ pub struct CoordinationConfig {
     /// Its namespace; default: `POD_NAMESPACE`, else `default`.
     #[serde(default)]
     pub lease_namespace: Option<String>,
-    /// This process's identity in the Lease; default: `POD_NAME`, else the host name, plus the pid.
+    /// This process's identity in the Lease; default: `POD_NAME`, else the host name, plus
+    /// what tells this process from others of that name (the pod's uid, the pid or a random
+    /// number).
     #[serde(default)]
     pub identity: Option<String>,
     #[serde(default = "d_duration")]
@@ -159,6 +161,17 @@ impl CoordinationConfig {
                 ),
                 "e.g. \"kubecast\" or \"kubecast-prod\"",
             ));
+        } else if self.shards > 1 && self.lease_name.len() > 63 {
+            // With shards it also labels the group's Leases, and lists select them by it: the
+            // apiserver refuses a longer label value at every attempt, and no shard would run.
+            out.push(Problem::new(
+                "coordination.lease_name",
+                format!(
+                    "has {} characters; with shards it is also the value of a label on the group's Leases, which is at most 63",
+                    self.lease_name.len()
+                ),
+                "a shorter name, e.g. \"kubecast-prod\"",
+            ));
         }
         out
     }
@@ -176,14 +189,44 @@ impl CoordinationConfig {
             .unwrap_or_else(|| "default".into())
     }
 
-    /// The configured identity (default: `POD_NAME`, else the host name), plus the pid: two
-    /// processes never share one, also when they share a config.
+    /// The configured identity (default: `POD_NAME`, else the host name), plus what tells this
+    /// process from others sharing the name (see [`instance`]).
     pub fn identity(&self) -> String {
         let name = self.identity.clone().unwrap_or_else(|| {
             std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(super::host_name)
         });
-        format!("{name}-{}", std::process::id())
+        format!("{name}-{}", this_instance())
     }
+}
+
+/// This process's [`instance`], the same for every Lease it holds.
+fn this_instance() -> &'static str {
+    static INSTANCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    INSTANCE.get_or_init(|| {
+        let pod_uid = std::env::var("POD_UID").ok();
+        instance(pod_uid.as_deref(), std::process::id(), || getrandom::u32().unwrap_or_else(|_| rand_fallback()))
+    })
+}
+
+/// Something that differs between the processes that may share one identity's name (replicas
+/// given one `identity` by a shared config, a pod replaced under the same name while the old
+/// one still runs), and stays across restarts of a container in its pod (it then takes its own
+/// Lease back at once): the pod's uid (`POD_UID`, set by the chart) when known, and the pid
+/// when it is not 1. In a container without `POD_UID` the pid is 1 in every replica: a random
+/// number then.
+pub(crate) fn instance(pod_uid: Option<&str>, pid: u32, random: impl FnOnce() -> u32) -> String {
+    let uid: String = pod_uid.unwrap_or("").chars().filter(char::is_ascii_alphanumeric).take(8).collect();
+    match (uid.is_empty(), pid) {
+        (false, 1) => uid,
+        (false, pid) => format!("{uid}-{pid}"),
+        (true, 1) => format!("{:08x}", random()),
+        (true, pid) => pid.to_string(),
+    }
+}
+
+/// When the system's random source cannot be read: the clock's nanoseconds.
+fn rand_fallback() -> u32 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos())
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -441,5 +484,27 @@ impl LeaseWatch {
                 None => self.events = None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance;
+
+    #[test]
+    fn the_instance_tells_apart_what_shares_a_name() {
+        let uid = "6f1c1a9e-2b7d-4c1e-9f00-0123456789ab";
+        // In a pod: its uid, the same after a restart of the container (pid 1 again).
+        assert_eq!(instance(Some(uid), 1, || unreachable!()), "6f1c1a9e");
+        // Two processes in one pod (a sidecar and `kubecast state`): the pid too.
+        assert_eq!(instance(Some(uid), 4242, || unreachable!()), "6f1c1a9e-4242");
+        // Not a pod: the pid.
+        assert_eq!(instance(None, 4242, || unreachable!()), "4242");
+        assert_eq!(instance(Some(""), 4242, || unreachable!()), "4242");
+        // A container without POD_UID: every replica is pid 1, so a random number.
+        assert_eq!(instance(None, 1, || 0xdead_beef), "deadbeef");
+        assert_ne!(instance(None, 1, || 1), instance(None, 1, || 2));
+        // Only letters and digits of the uid go into the name.
+        assert_eq!(instance(Some("a-b_c.d/e"), 1, || 0), "abcde");
     }
 }

@@ -176,6 +176,27 @@ impl CheckpointConfig {
                 "set checkpoint.kafka.brokers, or move them to [sink.kafka.properties]",
             ));
         }
+        // Connection settings of a store that is not the one in use would be ignored: the
+        // positions would go elsewhere than meant (e.g. into the pod's files, lost with it).
+        let store = format!("{:?}", self.store).to_lowercase();
+        let unused = |key: &str, wants: &str| {
+            Problem::new(
+                format!("checkpoint.{key}"),
+                format!("is only used with checkpoint.store = \"{wants}\", and the store is \"{store}\""),
+                format!("set checkpoint.store = \"{wants}\" to keep the positions there, or remove checkpoint.{key}"),
+            )
+        };
+        if self.store != StoreKind::Kafka {
+            if self.kafka.brokers.is_some() {
+                out.push(unused("kafka.brokers", "kafka"));
+            }
+            if self.kafka.transactional_id.is_some() {
+                out.push(unused("kafka.transactional_id", "kafka"));
+            }
+        }
+        if self.store != StoreKind::Nats && self.nats.url.is_some() {
+            out.push(unused("nats.url", "nats"));
+        }
         if let Some(url) = &self.nats.url
             && let Some((message, fix)) = crate::sink::nats::url_problem(url)
         {

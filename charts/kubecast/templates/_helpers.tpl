@@ -321,6 +321,13 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
         fieldRef:
           apiVersion: v1
           fieldPath: metadata.namespace
+    # Tells this pod from one replaced under the same name, and from replicas given one
+    # identity by a shared config.
+    - name: POD_UID
+      valueFrom:
+        fieldRef:
+          apiVersion: v1
+          fieldPath: metadata.uid
     {{- end }}
     {{- range .Values.secretEnv }}
     - name: {{ .name }}

@@ -137,6 +137,10 @@ pub enum StateError {
         "reset and import write the state of the streams as one active process keeps it, and this config has [coordination] shards = {shards}, whose positions are kept per shard (fix: list, show and export work on it; to start the streams over, follow the change of shard count in docs/sharding.md)"
     )]
     Sharded { shards: u32 },
+    #[error(
+        "standard output is closed: the export would go nowhere (fix: send it to a file, e.g. `kubecast state export > state.json`)"
+    )]
+    NoOutput,
     // The cause follows as the source (main prints the chain).
     #[error("writing the output")]
     Output(#[from] std::io::Error),
@@ -280,9 +284,16 @@ pub async fn run(config: Config, cmd: StateCommand) -> Result<(), StateError> {
                     })
                     .collect(),
             };
-            let mut out = std::io::stdout().lock();
+            let file = standard_output()?;
+            let mut out = std::io::BufWriter::new(&file);
             serde_json::to_writer_pretty(&mut out, &doc).map_err(std::io::Error::from)?;
             writeln!(out)?;
+            out.flush()?;
+            drop(out);
+            // A backup: on the disk before the command says it is done.
+            if file.metadata().is_ok_and(|m| m.is_file()) {
+                file.sync_all()?;
+            }
             eprintln!("exported {} stream(s) from {}", doc.streams.len(), doc.source);
             Ok(())
         }
@@ -291,6 +302,18 @@ pub async fn run(config: Config, cmd: StateCommand) -> Result<(), StateError> {
         }
         StateCommand::Reset { stream, to, force } => reset(&config, &stream, to, force).await,
         StateCommand::Import { file, force, all } => import(&config, &file, force, all).await,
+    }
+}
+
+/// Standard output as a file of its own, for the export: Rust's `stdout()` takes a closed
+/// standard output for an empty sink (writes succeed, nothing is written), and a backup that
+/// went nowhere must not end with success.
+fn standard_output() -> Result<std::fs::File, StateError> {
+    use std::os::fd::AsFd;
+    match std::io::stdout().as_fd().try_clone_to_owned() {
+        Ok(fd) => Ok(std::fs::File::from(fd)),
+        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Err(StateError::NoOutput),
+        Err(e) => Err(StateError::Output(e)),
     }
 }
 

@@ -51,7 +51,7 @@ use tracing::{debug, warn};
 
 pub use super::limits::Limits;
 pub use crate::model::gate::Gate;
-use crate::observe::metrics;
+use crate::observe::metrics::{self, GaugeShare};
 pub use context::TxnContext;
 pub use error::TxnError;
 use error::classify;
@@ -116,6 +116,8 @@ struct Inner {
     limits: Limits,
     /// Sends wait for room (logged once until a commit frees it).
     full: bool,
+    /// `events` and `event_bytes` as this transaction's part of the process's gauges.
+    gauges: (GaugeShare, GaugeShare),
 }
 
 impl Inner {
@@ -197,6 +199,10 @@ impl Transaction {
                 asked_early: false,
                 limits: Limits::default(),
                 full: false,
+                gauges: (
+                    GaugeShare::new(&metrics::get().transaction_events),
+                    GaugeShare::new(&metrics::get().transaction_bytes),
+                ),
             }),
             max_record,
             gate: Arc::new(Gate::default()),
@@ -614,9 +620,8 @@ impl Transaction {
 
 /// The events held and their bytes, as metrics.
 fn held(inner: &Inner) {
-    let m = metrics::get();
-    m.transaction_events.set(inner.events.len() as i64);
-    m.transaction_bytes.set(i64::try_from(inner.event_bytes).unwrap_or(i64::MAX));
+    inner.gauges.0.set(inner.events.len() as i64);
+    inner.gauges.1.set(i64::try_from(inner.event_bytes).unwrap_or(i64::MAX));
 }
 
 fn outcome(outcome: &'static str) {

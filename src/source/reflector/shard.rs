@@ -4,7 +4,7 @@
 //! `ShardedListAndWatch` gate off, a streaming list, which echoes nothing) the reflector skips
 //! them by the same hash. It always checks, so the items are the same either way.
 
-use tracing::info;
+use tracing::{error, info};
 
 use super::state::Reflector;
 
@@ -15,14 +15,27 @@ impl Reflector {
         if shard.owns(uid) {
             return false;
         }
-        if let Some(w) = &self.shard_watch {
-            w.skipped.inc();
+        let Some(w) = &self.shard_watch else { return true };
+        w.skipped.inc();
+        match w.applied {
+            // Known already: the apiserver does not filter.
+            Some(false) => {}
+            // A list said the apiserver filters, yet an object of another shard came: its hash
+            // and kubecast's disagree, and objects it puts here that kubecast puts elsewhere
+            // reach no shard.
+            Some(true) => {
+                error!(stream = %self.spec.name, uid, "the apiserver applied the shard selector to a list, yet sent an object of another shard (skipped): where its shard hash and kubecast's disagree, objects it gives this shard that kubecast gives another reach no shard (fix: turn the apiserver's ShardedListAndWatch feature gate off, or run without [coordination] shards; and report the apiserver's version)");
+                self.note_server_side(false);
+            }
+            // A streaming list echoes nothing: an object of another shard shows the apiserver
+            // does not filter.
+            None => self.note_server_side(false),
         }
         true
     }
 
-    /// A list page said whether the apiserver applied the shard selector: logged when that
-    /// changes, and kept in `kubecast_shard_server_side`.
+    /// A list page (or an object of another shard) said whether the apiserver applied the
+    /// shard selector: logged when that changes, and kept in `kubecast_shard_server_side`.
     pub(super) fn note_server_side(&mut self, applied: bool) {
         let Some(w) = self.shard_watch.as_mut() else { return };
         if w.applied != Some(applied) {
@@ -34,6 +47,7 @@ impl Reflector {
             }
             w.applied = Some(applied);
         }
-        w.server_side.set(i64::from(applied));
+        let m = crate::observe::metrics::get();
+        m.shard_server_side.get_or_create(&w.label).set(i64::from(applied));
     }
 }

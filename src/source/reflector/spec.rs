@@ -112,9 +112,7 @@ impl StreamSpec {
     pub(super) fn refused_selector(&self, e: &kube::Error) -> Option<ReflectorError> {
         let kube::Error::Api(s) = e else { return None };
         let (label, field) = self.selectors();
-        let about_selector = ["field label", "selector", "unable to parse requirement"]
-            .iter()
-            .any(|m| s.message.to_ascii_lowercase().contains(m));
+        let about_selector = about_users_selector(&s.message);
         (s.code == 400 && (label.is_some() || field.is_some()) && about_selector).then(|| ReflectorError::Selector {
             index: self.resource_index,
             stream: self.name.clone(),
@@ -127,5 +125,27 @@ impl StreamSpec {
     pub(super) fn selectors(&self) -> (Option<String>, Option<String>) {
         let set = |s: &str| (!s.is_empty()).then(|| s.to_owned());
         (set(&self.label_selector), set(&self.field_selector))
+    }
+}
+
+/// Whether an apiserver's 400 `message` is about a label or field selector (names a field
+/// label, a selector or a requirement it cannot parse), and not about the shard selector,
+/// which is kubecast's own and not the user's to correct.
+fn about_users_selector(message: &str) -> bool {
+    let message = message.to_ascii_lowercase();
+    !message.contains("shardselector")
+        && ["field label", "selector", "unable to parse requirement"].iter().any(|m| message.contains(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::about_users_selector;
+
+    #[test]
+    fn a_refused_shard_selector_is_not_the_user_s_selector() {
+        assert!(about_users_selector("\"spec.nope\" is not a known field selector: field label not supported"));
+        assert!(about_users_selector("unable to parse requirement: values[0][app]: Invalid value"));
+        assert!(!about_users_selector("invalid shardSelector: shardRange(object.metadata.uid, '0x0', '0x8'): bad"));
+        assert!(!about_users_selector("the server could not find the requested resource"));
     }
 }

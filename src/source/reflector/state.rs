@@ -12,7 +12,6 @@ use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::stream::BoxStream;
 use kube::api::{Api, WatchEvent, WatchParams};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc;
 
 use super::spec::{Item, ReflectorError, Start, StreamSpec};
@@ -112,7 +111,8 @@ pub(super) struct ReflectorMetrics {
 
 /// A shard stream's gauges and counters, and what the apiserver was last seen to do.
 pub(super) struct ShardWatch {
-    pub(super) server_side: Gauge,
+    /// The stream's label of `kubecast_shard_server_side`, set once known (absent until then).
+    pub(super) label: crate::observe::metrics::Stream,
     pub(super) skipped: Counter,
     /// Whether the apiserver applied the selector to the last list page; `None` until one.
     pub(super) applied: Option<bool>,
@@ -122,11 +122,7 @@ impl ShardWatch {
     pub(super) fn new(stream: &str) -> Self {
         let m = crate::observe::metrics::get();
         let label = crate::observe::metrics::Stream { stream: stream.to_string() };
-        Self {
-            server_side: m.shard_server_side.get_or_create(&label).clone(),
-            skipped: m.shard_skipped.get_or_create(&label).clone(),
-            applied: None,
-        }
+        Self { skipped: m.shard_skipped.get_or_create(&label).clone(), label, applied: None }
     }
 }
 
