@@ -85,6 +85,19 @@ fn two_entries_watching_one_stream_are_refused_naming_both() {
     assert!(!ok, "accepted: {err}");
     assert!(err.contains("`resources[1]`") && err.contains("same stream as resources[0]"), "{err}");
     assert!(err.contains("emitted twice") && err.contains("fix: merge resources[1] into resources[0]"), "{err}");
+    // Selectors spelt two ways that select the same objects.
+    let spelt = r#"
+[[resources]]
+api_version = "v1"
+kind = "Pod"
+label_selector = "app=web,tier=db"
+[[resources]]
+api_version = "v1"
+kind = "Pod"
+label_selector = "tier==db, app==web"
+"#;
+    let (ok, _, err) = check(spelt, &[]);
+    assert!(!ok && err.contains("same stream as resources[0]"), "accepted or not named: {err}");
     // One namespace in common is one stream in common.
     let overlap = r#"
 [[resources]]

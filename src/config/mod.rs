@@ -229,7 +229,8 @@ impl Config {
     /// Two `[[resources]]` entries that watch one stream (same kind, namespace and selectors)
     /// would emit every change twice and write one checkpoint from two places.
     fn same_streams(&self) -> Vec<Problem> {
-        let mut first: std::collections::HashMap<(String, String, Option<&str>, &str, &str), usize> =
+        use crate::source::selector::{canonical_field_selector, canonical_label_selector};
+        let mut first: std::collections::HashMap<(String, String, Option<&str>, String, String), usize> =
             std::collections::HashMap::new();
         let mut out = Vec::new();
         for (i, r) in self.resources.iter().enumerate() {
@@ -239,15 +240,21 @@ impl Config {
                 r.namespaces.iter().map(|n| Some(n.as_str())).collect()
             };
             for ns in scopes {
-                let key =
-                    (r.api_version.clone(), r.kind.clone(), ns, r.label_selector.as_str(), r.field_selector.as_str());
+                // Selectors spelt differently that select the same objects are one stream too.
+                let key = (
+                    r.api_version.clone(),
+                    r.kind.clone(),
+                    ns,
+                    canonical_label_selector(&r.label_selector),
+                    canonical_field_selector(&r.field_selector),
+                );
                 match first.get(&key) {
                     Some(&j) if j != i => {
                         let scope = ns.map_or("all namespaces".to_string(), |n| format!("namespace {n}"));
                         out.push(Problem::new(
                             format!("resources[{i}]"),
                             format!(
-                                "watches the same stream as resources[{j}] ({} in {scope}, same selectors): every change would be emitted twice and both would write one checkpoint",
+                                "watches the same stream as resources[{j}] ({} in {scope}, selectors that select the same objects): every change would be emitted twice",
                                 r.describe()
                             ),
                             format!("merge resources[{i}] into resources[{j}], or remove one of them"),

@@ -98,6 +98,87 @@ fn unescaped_eq(s: &str) -> Option<usize> {
     (0..b.len()).find(|&i| b[i] == b'=' && (i == 0 || b[i - 1] != b'\\'))
 }
 
+/// A label selector written one way for all its spellings that select the same objects
+/// (`app==web` and ` app=web`, requirements in any order, `in (b, a)` and `in (a,b)`), for
+/// telling equal selectors apart; the selector as written is what is sent. An invalid one is
+/// returned trimmed.
+pub fn canonical_label_selector(s: &str) -> String {
+    let Ok(reqs) = split_top_level(s) else { return s.trim().to_string() };
+    let mut out: Vec<String> = reqs
+        .iter()
+        .map(|req| {
+            let req = req.trim();
+            if let Some(key) = req.strip_prefix('!') {
+                return format!("!{}", key.trim());
+            }
+            if let Some((key, rest)) = split_set_op(req) {
+                let op = if req[key.len()..].trim_start().starts_with("notin") { "notin" } else { "in" };
+                let inner = rest.trim().trim_start_matches('(').trim_end_matches(')');
+                let mut values: Vec<&str> = inner.split(',').map(str::trim).collect();
+                values.sort_unstable();
+                values.dedup();
+                return format!("{key} {op} ({})", values.join(","));
+            }
+            match ["==", "!=", "=", ">", "<"].iter().find_map(|op| req.find(op).map(|i| (i, *op))) {
+                Some((i, op)) => {
+                    let op = if op == "==" { "=" } else { op };
+                    let skip = if req[i..].starts_with("==") || req[i..].starts_with("!=") { 2 } else { 1 };
+                    format!("{}{op}{}", req[..i].trim(), req[i + skip..].trim())
+                }
+                None => req.to_string(),
+            }
+        })
+        .filter(|r| !r.is_empty())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out.join(",")
+}
+
+/// A field selector written one way for its spellings that select the same objects
+/// (`==` as `=`, spaces, requirements in any order).
+pub fn canonical_field_selector(s: &str) -> String {
+    let mut out: Vec<String> = split_unescaped_commas(s)
+        .into_iter()
+        .map(|p| {
+            let p = p.trim();
+            let (i, op, len) = if let Some(i) = p.find("!=") {
+                (i, "!=", 2)
+            } else if let Some(i) = p.find("==") {
+                (i, "=", 2)
+            } else if let Some(i) = unescaped_eq(p) {
+                (i, "=", 1)
+            } else {
+                return p.to_string();
+            };
+            format!("{}{op}{}", p[..i].trim(), p[i + len..].trim())
+        })
+        .filter(|p| !p.is_empty())
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out.join(",")
+}
+
+/// Splits a field selector on its commas that are not escaped (`\,`).
+fn split_unescaped_commas(s: &str) -> Vec<String> {
+    let (mut parts, mut cur, mut chars) = (Vec::new(), String::new(), s.chars());
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                cur.push(c);
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            ',' => parts.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    parts.push(cur);
+    parts
+}
+
 /// Splits on commas that are not inside parentheses.
 fn split_top_level(s: &str) -> Result<Vec<&str>, String> {
     let (mut depth, mut start, mut out) = (0i32, 0usize, Vec::new());
@@ -219,5 +300,21 @@ mod tests {
         for bad in ["metadata.name", "=foo", "metadata.name=a,", "a b=c", "x=\\q"] {
             assert!(validate_field_selector(bad).is_err(), "{bad} should be invalid");
         }
+    }
+
+    #[test]
+    fn equal_selectors_have_one_canonical_form() {
+        let same = |a: &str, b: &str| assert_eq!(canonical_label_selector(a), canonical_label_selector(b), "{a} / {b}");
+        same("app=web", "app==web");
+        same("app=web,tier=db", " tier = db , app==web");
+        same("env in (b, a)", "env in (a,b)");
+        same("!old,app", "app, !old");
+        assert_ne!(canonical_label_selector("app=web"), canonical_label_selector("app!=web"));
+        assert_ne!(canonical_label_selector("env in (a)"), canonical_label_selector("env notin (a)"));
+        assert_eq!(canonical_label_selector(""), "");
+        let same = |a: &str, b: &str| assert_eq!(canonical_field_selector(a), canonical_field_selector(b), "{a} / {b}");
+        same("metadata.name=a,status.phase=Running", "status.phase==Running, metadata.name = a");
+        same("metadata.name=a\\,b", "metadata.name==a\\,b");
+        assert_ne!(canonical_field_selector("metadata.name=a"), canonical_field_selector("metadata.name!=a"));
     }
 }
