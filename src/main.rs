@@ -14,6 +14,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     kubecast::app::allocator::configure();
+    // clap would say only that `--config` needs a value (a template that rendered nothing).
+    if std::env::var_os("KUBECAST_CONFIG").is_some_and(|v| v.is_empty()) {
+        eprintln!(
+            "kubecast: error: the environment variable KUBECAST_CONFIG is set but empty (fix: set it to the config file's path, or unset it for the embedded defaults)"
+        );
+        return ExitCode::from(2);
+    }
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match real_main(cli) {

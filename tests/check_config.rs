@@ -26,6 +26,15 @@ api_version = "v1"
 kind = "ConfigMap"
 "#;
 
+#[test]
+fn an_empty_config_variable_is_named() {
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_kubecast")).arg("check-config").env("KUBECAST_CONFIG", "").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("KUBECAST_CONFIG is set but empty") && err.contains("fix:"), "{err}");
+}
+
 /// The variables Kubernetes puts in pods for a Service named `kubecast-admin` in their
 /// namespace (service links) look like overrides with one underscore: they are not refused.
 #[test]
