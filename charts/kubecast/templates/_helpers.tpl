@@ -293,6 +293,9 @@ The kubecast container (a list item), for this chart's Deployment and for sideca
   imagePullPolicy: {{ .Values.image.pullPolicy }}
   args: ["run", "--config", "{{ include "kubecast.configDir" . }}/kubecast.toml"]
   env:
+    # The same file for `kubectl exec ... -- kubecast state list` (and check-config).
+    - name: KUBECAST_CONFIG
+      value: "{{ include "kubecast.configDir" . }}/kubecast.toml"
     - name: KUBECAST_LOG_FORMAT
       value: {{ .Values.logFormat | quote }}
     - name: RUST_LOG
