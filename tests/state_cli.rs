@@ -148,16 +148,23 @@ async fn file_state_exported_and_imported_into_kafka_and_nats_resumes_without_sn
     assert_eq!(doc["streams"][0]["objects"].as_array().unwrap().len(), 3);
     let exported = first.dir.path().join("export.json");
     std::fs::write(&exported, &export).unwrap();
-    // With standard output closed the export goes nowhere: an error, not a success.
-    let closed = Command::new("sh")
-        .args(["-c", "exec \"$0\" state export --config \"$1\" >&-"])
-        .arg(common::bin())
-        .arg(&cfg)
-        .env("KUBECONFIG", common::kubeconfig())
-        .output()
-        .expect("run kubecast state export");
-    let err = String::from_utf8_lossy(&closed.stderr);
-    assert!(!closed.status.success() && err.contains("standard output is closed"), "{:?}: {err}", closed.status);
+    // With standard output closed (or /dev/null) the export goes nowhere: an error, not a
+    // success.
+    for redirect in [">&-", ">/dev/null"] {
+        let nowhere = Command::new("sh")
+            .args(["-c", &format!("exec \"$0\" state export --config \"$1\" {redirect}")])
+            .arg(common::bin())
+            .arg(&cfg)
+            .env("KUBECONFIG", common::kubeconfig())
+            .output()
+            .expect("run kubecast state export");
+        let err = String::from_utf8_lossy(&nowhere.stderr);
+        assert!(
+            !nowhere.status.success() && err.contains("standard output is closed or /dev/null"),
+            "{redirect}: {:?}: {err}",
+            nowhere.status
+        );
+    }
 
     // Meanwhile: an update, a delete, a create.
     api.patch("c1", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "2"}}))).await.unwrap();

@@ -138,7 +138,7 @@ pub enum StateError {
     )]
     Sharded { shards: u32 },
     #[error(
-        "standard output is closed: the export would go nowhere (fix: send it to a file, e.g. `kubecast state export > state.json`)"
+        "standard output is closed or /dev/null: the export would go nowhere (fix: send it to a file, e.g. `kubecast state export > state.json`)"
     )]
     NoOutput,
     // The cause follows as the source (main prints the chain).
@@ -305,16 +305,19 @@ pub async fn run(config: Config, cmd: StateCommand) -> Result<(), StateError> {
     }
 }
 
-/// Standard output as a file of its own, for the export: Rust's `stdout()` takes a closed
-/// standard output for an empty sink (writes succeed, nothing is written), and a backup that
-/// went nowhere must not end with success.
+/// Standard output as a file of its own, for the export. A closed standard output is
+/// `/dev/null` by the time kubecast runs (Rust's runtime opens it there), and a backup that
+/// went nowhere must not end with success: `/dev/null` is refused.
 fn standard_output() -> Result<std::fs::File, StateError> {
     use std::os::fd::AsFd;
-    match std::io::stdout().as_fd().try_clone_to_owned() {
-        Ok(fd) => Ok(std::fs::File::from(fd)),
-        Err(e) if e.raw_os_error() == Some(libc::EBADF) => Err(StateError::NoOutput),
-        Err(e) => Err(StateError::Output(e)),
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let file = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned().map_err(StateError::Output)?);
+    let null = std::fs::metadata("/dev/null").ok().map(|m| m.rdev());
+    let meta = file.metadata().map_err(StateError::Output)?;
+    if meta.file_type().is_char_device() && Some(meta.rdev()) == null {
+        return Err(StateError::NoOutput);
     }
+    Ok(file)
 }
 
 fn table(out: &mut impl Write, streams: &[Stored]) -> std::io::Result<()> {
