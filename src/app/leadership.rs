@@ -34,7 +34,19 @@ pub async fn wait_for_lease(
             _ = cancel.cancelled() => return Ok(None),
             a = tokio::time::timeout(retry, elector.try_acquire_or_renew()) => a,
         };
-        match attempt.unwrap_or(Ok(Attempt::Conflict)) {
+        let Ok(attempt) = attempt else {
+            // No answer within a retry period: while it lasts no replica can take over either.
+            warn!(lease = %elector.lease(), "the lease got no answer from the apiserver within {retry:?}; retrying");
+            health.set_lease_problem(Some(format!(
+                "the lease cannot be read or taken: no answer from the apiserver within {retry:?}"
+            )));
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(retry) => {}
+            }
+            continue;
+        };
+        match attempt {
             Ok(Attempt::Held { epoch }) => {
                 info!(lease = %elector.lease(), identity = elector.identity(), epoch, "holding the lease: this process is the active one");
                 health.set_standby(None);
