@@ -54,35 +54,12 @@ pub fn validate_field_selector(s: &str) -> Result<(), String> {
     if s.trim().is_empty() {
         return Ok(());
     }
-    let mut parts = Vec::new();
-    let mut cur = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(n @ (',' | '=' | '\\')) => {
-                    cur.push('\\');
-                    cur.push(n);
-                }
-                _ => return Err("invalid escape: only \\, \\= and \\\\ are allowed".into()),
-            },
-            ',' => parts.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    parts.push(cur);
-    for part in parts {
+    for part in split_unescaped_commas(s)? {
         let p = part.trim();
         if p.is_empty() {
             return Err("empty requirement (two commas in a row, or a trailing comma)".into());
         }
-        let (key, op) = if let Some(i) = p.find("!=") {
-            (&p[..i], "!=")
-        } else if let Some(i) = p.find("==") {
-            (&p[..i], "==")
-        } else if let Some(i) = unescaped_eq(p) {
-            (&p[..i], "=")
-        } else {
+        let Some((key, op, _)) = field_requirement(p) else {
             return Err(format!("`{p}` has no operator: use key=value, key==value or key!=value"));
         };
         let key = key.trim();
@@ -138,20 +115,12 @@ pub fn canonical_label_selector(s: &str) -> String {
 /// A field selector written one way for its spellings that select the same objects
 /// (`==` as `=`, spaces, requirements in any order).
 pub fn canonical_field_selector(s: &str) -> String {
-    let mut out: Vec<String> = split_unescaped_commas(s)
-        .into_iter()
-        .map(|p| {
-            let p = p.trim();
-            let (i, op, len) = if let Some(i) = p.find("!=") {
-                (i, "!=", 2)
-            } else if let Some(i) = p.find("==") {
-                (i, "=", 2)
-            } else if let Some(i) = unescaped_eq(p) {
-                (i, "=", 1)
-            } else {
-                return p.to_string();
-            };
-            format!("{}{op}{}", p[..i].trim(), p[i + len..].trim())
+    let Ok(parts) = split_unescaped_commas(s) else { return s.trim().to_string() };
+    let mut out: Vec<String> = parts
+        .iter()
+        .map(|p| match field_requirement(p.trim()) {
+            Some((key, op, value)) => format!("{}{}{}", key.trim(), if op == "==" { "=" } else { op }, value.trim()),
+            None => p.trim().to_string(),
         })
         .filter(|p| !p.is_empty())
         .collect();
@@ -160,23 +129,37 @@ pub fn canonical_field_selector(s: &str) -> String {
     out.join(",")
 }
 
-/// Splits a field selector on its commas that are not escaped (`\,`).
-fn split_unescaped_commas(s: &str) -> Vec<String> {
+/// Splits a field selector on its commas that are not escaped (`\,`); only `\,`, `\=` and
+/// `\\` may be escaped.
+fn split_unescaped_commas(s: &str) -> Result<Vec<String>, String> {
     let (mut parts, mut cur, mut chars) = (Vec::new(), String::new(), s.chars());
     while let Some(c) = chars.next() {
         match c {
-            '\\' => {
-                cur.push(c);
-                if let Some(n) = chars.next() {
+            '\\' => match chars.next() {
+                Some(n @ (',' | '=' | '\\')) => {
+                    cur.push('\\');
                     cur.push(n);
                 }
-            }
+                _ => return Err("invalid escape: only \\, \\= and \\\\ are allowed".into()),
+            },
             ',' => parts.push(std::mem::take(&mut cur)),
             c => cur.push(c),
         }
     }
     parts.push(cur);
-    parts
+    Ok(parts)
+}
+
+/// A field requirement's key, operator (`!=`, `==` or `=`) and value, untrimmed.
+fn field_requirement(p: &str) -> Option<(&str, &'static str, &str)> {
+    let (i, op) = if let Some(i) = p.find("!=") {
+        (i, "!=")
+    } else if let Some(i) = p.find("==") {
+        (i, "==")
+    } else {
+        (unescaped_eq(p)?, "=")
+    };
+    Some((&p[..i], op, &p[i + op.len()..]))
 }
 
 /// Splits on commas that are not inside parentheses.
