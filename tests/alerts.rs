@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 use common::{Kubecast, TestNamespace, client, create_cm};
 use serde_json::{Value, json};
 
-const ALERTS: [&str; 6] = [
+const ALERTS: [&str; 7] = [
     "KubecastStreamStalled",
     "KubecastCheckpointTooOld",
     "KubecastDeadLetters",
     "KubecastSinkDisconnected",
+    "KubecastSinkRefused",
     "KubecastNoActiveReplica",
     "KubecastRelistsRepeating",
 ];
@@ -564,6 +565,7 @@ async fn every_metric_and_label_the_alerts_and_the_dashboard_use_is_exposed_by_k
         "kubecast_events_dead_lettered_total",
         "kubecast_relists_total",
         "kubecast_sink_connected",
+        "kubecast_sink_refused",
         "kubecast_publish_latency_seconds_bucket",
     ] {
         assert!(used.contains(m), "{m} not found in the rules and the dashboard: {used:?}");

@@ -91,7 +91,7 @@ pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Resu
         streams.spawn(r.run(cancel.clone()));
     }
     info!(streams = pipeline.streams.len(), sink = %pipeline.config.sink.kind, store = %pipeline.store().describe(), "kubecast running");
-    let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &cancel);
+    let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, health, &cancel);
     let stall_after = pipeline.config.delivery.stall_after_seconds;
     if stall_after > 0 {
         tokio::spawn(supervise::watch_stalls(

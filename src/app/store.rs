@@ -117,10 +117,13 @@ pub async fn open(
     }
 }
 
-/// The sink's connection, or `[checkpoint.kafka] brokers` and its properties.
+/// The sink's connection, or `[checkpoint.kafka] brokers` and its properties. With
+/// `exactly_once` always the sink's: its producer sends the events (the config refuses other
+/// brokers or properties for the store then).
 pub(super) fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig, CheckpointError> {
     let k = &config.checkpoint.kafka;
     match (&k.brokers, sink.kafka()) {
+        (_, Some(s)) if s.exactly_once() => Ok(s.client_config().clone()),
         (None, Some(s)) => Ok(s.client_config().clone()),
         (Some(brokers), _) => {
             let mut cc = ClientConfig::new();

@@ -163,19 +163,23 @@ impl Pipeline {
     }
 
     /// Starts the stages after the reflectors: shaping (reading `items`), the queue into
-    /// `sink`, and the persister.
+    /// `sink`, and the persister. Both report to `health` (destinations that refuse every
+    /// event; exactly-once commits failing for too long).
     pub fn start_downstream(
         &self,
         sink: Arc<Sink>,
         items: mpsc::Receiver<Item>,
+        health: &Arc<Health>,
         cancel: &CancellationToken,
     ) -> Downstream {
         let config = &self.config;
+        let refusals = health.refusals();
         let persister = tokio::spawn(persister::run(
             self.store().clone(),
             self.checkpoints.clone(),
             self.metrics.clone(),
             Duration::from_millis(config.checkpoint.flush_interval_ms),
+            health.clone(),
             cancel.clone(),
         ));
         let routes_of: Vec<(Option<Arc<Template>>, Option<Limiter>)> = config
@@ -212,6 +216,7 @@ impl Pipeline {
             checkpoints: self.checkpoints.clone(),
             metrics: self.metrics.clone(),
             gate: self.store().gate(),
+            refusals,
         };
         let queue = tokio::spawn(async move { queue.run(jobs_rx).await });
         Downstream { shaper, queue, persister: Some(persister) }

@@ -212,6 +212,21 @@ impl Config {
                     "remove checkpoint.kafka.brokers (the store then uses the sink's connection)",
                 ));
             }
+            // The events go out through the state store's transactional producer, which is built
+            // from the sink's connection: properties of the store's own would not apply to it, and
+            // the sink's (SASL, TLS, compression, message.max.bytes) would seem ignored if the store
+            // had its own.
+            if !c.kafka.properties.is_empty() {
+                let names: Vec<String> = c.kafka.properties.keys().map(|k| format!("{k:?}")).collect();
+                out.push(Problem::new(
+                    "checkpoint.kafka.properties",
+                    format!(
+                        "sets {} but with sink.kafka.exactly_once the events and the state go out through one producer, built from [sink.kafka] and its properties: these would not apply",
+                        names.join(", ")
+                    ),
+                    "move them to [sink.kafka.properties] (one place for TLS, SASL and producer settings), or remove them",
+                ));
+            }
             if c.flush_interval_ms > MAX_COMMIT_INTERVAL_MS {
                 out.push(Problem::new(
                     "checkpoint.flush_interval_ms",

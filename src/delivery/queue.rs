@@ -31,6 +31,7 @@ use super::retry::RetryPolicy;
 use crate::model::gate::{Gate, Pass};
 use crate::model::{Effect, Verb};
 use crate::observe::metrics::{GaugeShare, StreamMetrics};
+use crate::observe::refusals::{RefusalHold, Refusals};
 use crate::sink::{Outbound, SendError, Sink};
 use crate::state::watermark::StreamCheckpoint;
 
@@ -64,6 +65,8 @@ pub struct Queue {
     /// Exactly-once into Kafka: each event holds a pass from right before its send (after the
     /// rate limits) until its acknowledgement (a commit seals the gate).
     pub gate: Option<Arc<Gate>>,
+    /// Where events held by a destination that refuses every event are reported (readiness).
+    pub refusals: Arc<Refusals>,
 }
 
 impl Queue {
@@ -172,6 +175,7 @@ impl Queue {
             (self.sink.clone(), self.limiter.clone(), self.retry, self.dead_letter.clone());
         let metrics = self.metrics[job.stream].clone();
         let gate = self.gate.clone();
+        let refusals = self.refusals.clone();
         async move {
             // Taken right before the send, after the rate limits: a commit seals the gate and
             // waits for every pass, so a pass held while waiting for a rate limit would hold
@@ -188,6 +192,7 @@ impl Queue {
                 metrics: &metrics,
                 verb: job.verb.index(),
                 gate: gate.as_ref(),
+                refusals: &refusals,
             };
             let result = send_with_retries(&send, &mut pass).await;
             (job, result, pass)
@@ -217,6 +222,8 @@ struct Attempt<'a> {
     verb: usize,
     /// Exactly-once: the gate whose pass each attempt holds from its send on.
     gate: Option<&'a Arc<Gate>>,
+    /// Where a refused event is reported while it is held.
+    refusals: &'a Arc<Refusals>,
 }
 
 /// Exactly-once: takes the event's pass, unless it holds one already. Called right before
@@ -277,9 +284,11 @@ async fn send_slowly(
     mut failed: Option<SendError>,
     pass: &mut Option<Pass>,
 ) -> Result<(), DeliveryError> {
-    let Attempt { sink, limiter, resource_limiter, retry, dead_letter, msg, metrics, verb, gate } = *send;
+    let Attempt { sink, limiter, resource_limiter, retry, dead_letter, msg, metrics, verb, gate, refusals } = *send;
     // Built at the first retry (most events need none).
     let mut backoff = None;
+    // While the destination refuses every event: this event's part of the report.
+    let mut refused: Option<RefusalHold> = None;
     let mut attempt = 0u32;
     let result = loop {
         attempt += 1;
@@ -327,6 +336,28 @@ async fn send_slowly(
                 dead();
                 break Ok(Some(reason));
             }
+            // A set-up mistake, not this event's: held in order, whatever `max_attempts` and
+            // `max_event_age_seconds` say, until the operator fixes it.
+            Err(SendError::Refused { refusal, reason }) => {
+                if let Some(p) = pass.take() {
+                    p.settle();
+                }
+                let destination = sink.destination(msg);
+                match &refused {
+                    Some(hold) if hold.is_for(&destination, refusal) => hold.update(&reason),
+                    _ => refused = Some(refusals.hold(&destination, refusal, &reason)),
+                }
+                metrics.retries.inc();
+                let said = SendError::Refused { refusal, reason }.to_string();
+                metrics.note_failure(msg.event.id(), &said);
+                if attempt == 1 || attempt.is_multiple_of(10) {
+                    warn!(event_id = %msg.event.id(), destination = %destination, refusal = refusal.label(), attempt, reason = %said, "the destination refuses every event (a set-up mistake); the event is held, not dead-lettered, and retried with backoff until it is fixed");
+                }
+                tokio::time::sleep(
+                    backoff.get_or_insert_with(|| retry.backoff()).next().unwrap_or(std::time::Duration::from_secs(30)),
+                )
+                .await;
+            }
             Err(SendError::Retriable(reason))
                 if !retry.may_retry(attempt) || retry.too_old(msg.event.attributes.time()) =>
             {
@@ -347,6 +378,8 @@ async fn send_slowly(
                 if let Some(p) = pass.take() {
                     p.settle();
                 }
+                // No longer refused for a set-up reason (e.g. a broker restarting now).
+                refused = None;
                 metrics.retries.inc();
                 metrics.note_failure(msg.event.id(), &reason);
                 if attempt == 1 || attempt.is_multiple_of(10) {

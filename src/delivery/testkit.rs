@@ -15,6 +15,7 @@ use super::queue::{DeliveryError, Job, Queue};
 use super::retry::RetryPolicy;
 use crate::model::{Change, Effect, EventSource, Fields, IndexEntry, IndexOp, Origin, Position, RawObject, Verb};
 use crate::observe::metrics::StreamMetrics;
+use crate::observe::refusals::Refusals;
 use crate::sink::Outbound;
 use crate::sink::Sink;
 use crate::sink::stub::StubSink;
@@ -83,6 +84,8 @@ pub struct Harness {
     pub metrics: Arc<StreamMetrics>,
     /// Where the file dead letter writes.
     pub dead_letter: PathBuf,
+    /// Where the queue reports destinations that refuse every event.
+    pub refusals: Arc<Refusals>,
     /// Removed when the harness is dropped.
     _dir: tempfile::TempDir,
 }
@@ -108,6 +111,7 @@ impl Harness {
         let stub = StubSink::new();
         let retry = RetryPolicy::new(cfg);
         let dead_letter = dir.path().join("dead-letter.jsonl");
+        let refusals = Arc::new(Refusals::default());
         let queue = Arc::new(Queue {
             sink: Arc::new(Sink::Stub(stub.clone())),
             limiter: None,
@@ -118,8 +122,9 @@ impl Harness {
             checkpoints: vec![checkpoint.clone()],
             metrics: vec![metrics.clone()],
             gate: None,
+            refusals: refusals.clone(),
         });
-        Self { queue, stub, checkpoint, store, key, metrics, dead_letter, _dir: dir }
+        Self { queue, stub, checkpoint, store, key, metrics, dead_letter, refusals, _dir: dir }
     }
 
     /// Runs the queue as a task, fed by a channel of `channel` places.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::refusals::Refusals;
 use crate::model::Shard;
 
 /// Where a stream is, as readiness sees it.
@@ -43,6 +44,11 @@ pub struct Health {
     lease: Mutex<Option<String>>,
     /// `[coordination] shards`: the shards this process runs, each with its streams' health.
     shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
+    /// Destinations that refuse every event (a set-up mistake), held by the delivery queue.
+    refusals: Arc<Refusals>,
+    /// Exactly-once: why no commit succeeded for too long, while it lasts (the events sent
+    /// meanwhile are invisible to `read_committed` consumers).
+    commits: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -67,12 +73,25 @@ impl Health {
             standby: Mutex::new(None),
             lease: Mutex::new(None),
             shards: Mutex::new(BTreeMap::new()),
+            refusals: Arc::default(),
+            commits: Mutex::new(None),
         })
     }
 
     /// The sink is open: `connected` says whether its broker is reachable, `cause` why not.
     pub fn set_sink(&self, connected: Arc<AtomicBool>, cause: Arc<Mutex<Option<String>>>) {
         *self.sink.lock().expect("health lock") = SinkSignal::Open { connected, cause };
+    }
+
+    /// Exactly-once: `Some(reason)` while no commit has succeeded for too long; `None` once
+    /// one does.
+    pub fn set_commits_failing(&self, reason: Option<String>) {
+        *self.commits.lock().expect("health lock") = reason;
+    }
+
+    /// Where the delivery queue reports destinations that refuse every event.
+    pub fn refusals(&self) -> Arc<Refusals> {
+        self.refusals.clone()
     }
 
     /// `[coordination] shards`: this process runs `shard`, whose streams report to `health`
@@ -158,6 +177,8 @@ impl Health {
                 _ => {}
             }
         }
+        out.extend(self.refusals.describe());
+        out.extend(self.commits.lock().expect("health lock").clone());
         out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
         for (shard, health) in self.shards.lock().expect("health lock").iter() {
             out.extend(health.not_ready().into_iter().map(|r| format!("shard {}: {r}", shard.label())));
@@ -230,6 +251,26 @@ mod tests {
         assert_eq!(h.not_ready(), ["sink: broker not reachable: connection refused"]);
         connected.store(true, Ordering::Relaxed);
         assert!(h.sink_connected() && h.not_ready().is_empty());
+    }
+
+    #[test]
+    fn a_destination_that_refuses_every_event_makes_the_process_not_ready_while_it_does() {
+        let h = health(&[]);
+        let hold = h.refusals().hold("Kafka topic t", crate::model::Refusal::MissingTopic, "Unknown topic");
+        let reasons = h.not_ready();
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(reasons[0].starts_with("sink: Kafka topic t refuses every event"), "{reasons:?}");
+        drop(hold);
+        assert!(h.not_ready().is_empty());
+    }
+
+    #[test]
+    fn commits_failing_for_too_long_make_the_process_not_ready_until_one_succeeds() {
+        let h = health(&[]);
+        h.set_commits_failing(Some("state: no commit succeeded for 31 s".into()));
+        assert_eq!(h.not_ready(), ["state: no commit succeeded for 31 s"]);
+        h.set_commits_failing(None);
+        assert!(h.not_ready().is_empty());
     }
 
     #[test]

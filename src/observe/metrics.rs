@@ -59,6 +59,11 @@ pub struct Outcome {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Reason {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Build {
     pub version: &'static str,
 }
@@ -89,6 +94,9 @@ pub struct Metrics {
     /// Windows in which an apiserver connection gathered events arriving fast.
     pub watch_gathered: Counter,
     pub sink_connected: Gauge,
+    /// Events held because their destination refuses every event (a set-up mistake), by
+    /// [`crate::model::Refusal`] label.
+    pub sink_refused: Family<Reason, Gauge>,
     pub build_info: Family<Build, Gauge>,
     /// Exactly-once into Kafka: transactions committed and aborted.
     pub transactions: Family<Outcome, Counter>,
@@ -134,6 +142,7 @@ impl Metrics {
             watch_restarts: Family::default(),
             watch_objects_slow: Counter::default(),
             sink_connected: Gauge::default(),
+            sink_refused: Family::default(),
             build_info: Family::default(),
             transactions: Family::default(),
             transaction_events: Gauge::default(),
@@ -217,6 +226,11 @@ impl Metrics {
             m.watch_gathered.clone(),
         );
         r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
+        r.register(
+            "sink_refused",
+            "Events held because their destination refuses every event, a mistake in the set-up (reason: missing_topic, missing_stream, topic_not_authorized, cluster_not_authorized, ...): retried until it is fixed, never dead-lettered; /readyz names the destination and the fix",
+            m.sink_refused.clone(),
+        );
         r.register("build_info", "The running kubecast's version (always 1)", m.build_info.clone());
         r.register(
             "kafka_transactions",
@@ -254,6 +268,9 @@ impl Metrics {
             "Per stream of a shard: objects of other shards the apiserver sent (it did not apply the shard selector), skipped by kubecast",
             m.shard_skipped.clone(),
         );
+        for r in crate::model::Refusal::ALL {
+            let _ = m.sink_refused.get_or_create(&Reason { reason: r.label() });
+        }
         m.build_info.get_or_create(&Build { version: env!("CARGO_PKG_VERSION") }).set(1);
         Metrics { registry, ..m }
     }

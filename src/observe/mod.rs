@@ -5,7 +5,8 @@
 //! Invariant: every stage may report here; this folder imports only `model`.
 
 pub mod admin;
-pub(crate) mod health;
+pub mod health;
 pub(crate) mod kube_error;
 pub(crate) mod metrics;
+pub mod refusals;
 pub mod trace;

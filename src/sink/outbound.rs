@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use super::template::Template;
-use crate::model::{CloudEvent, Fields};
+use crate::model::{CloudEvent, Fields, Refusal};
 
 /// Errors opening or closing a sink (fatal at start).
 #[derive(Debug, thiserror::Error)]
@@ -25,10 +25,17 @@ pub enum SendError {
     /// queue lets a commit go ahead while it backs off.
     #[error("{0}")]
     Retriable(String),
-    /// Will never succeed for this event (too large, not authorized, cannot be encoded): sent
-    /// to the dead-letter destination.
+    /// Will never succeed for this event (too large, cannot be encoded): sent to the
+    /// dead-letter destination.
     #[error("{0}")]
     Permanent(String),
+    /// The destination refuses every event, not this one: a mistake in the set-up (a topic or
+    /// stream that does not exist, a permission not granted). Nothing of the event was
+    /// written. Held: retried with backoff for as long as it lasts, never dead-lettered and
+    /// never counted against `max_attempts` or `max_event_age_seconds`; readiness names the
+    /// destination, the cause and the fix.
+    #[error("{reason} ({refusal}; fix: {})", refusal.fix())]
+    Refused { refusal: Refusal, reason: String },
     /// The sink cannot go on (e.g. a fatal idempotent-producer error): kubecast stops; the
     /// checkpoint stays at the last acknowledged event.
     #[error("{0}")]

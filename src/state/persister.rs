@@ -11,6 +11,7 @@ use tracing::error;
 
 use super::store::{CheckpointError, Store};
 use super::watermark::StreamCheckpoint;
+use crate::observe::health::Health;
 use crate::observe::metrics::StreamMetrics;
 
 /// Writes every position that changed since its last write, in one store write. On error
@@ -58,13 +59,22 @@ pub async fn write_changed(store: &Store, checkpoints: &[Arc<StreamCheckpoint>])
     }
 }
 
+/// Exactly-once: how long commits may fail before the process is not ready: three commit
+/// intervals, at least 30 s (a broker's leader election or a short pause passes unnoticed).
+pub fn commit_alarm(every: Duration) -> Duration {
+    (every * 3).max(Duration::from_secs(30))
+}
+
 /// Runs until `cancel` fires; `Err` when the store refuses this process for good (fenced by
-/// a newer owner, another cluster's state).
+/// a newer owner, another cluster's state). Exactly-once: while no commit has succeeded for
+/// [`commit_alarm`], `health` says so with the last error (the events sent meanwhile are
+/// invisible to `read_committed` consumers).
 pub async fn run(
     store: Store,
     checkpoints: Vec<Arc<StreamCheckpoint>>,
     metrics: Vec<Arc<StreamMetrics>>,
     every: Duration,
+    health: Arc<Health>,
     cancel: CancellationToken,
 ) -> Result<(), CheckpointError> {
     let mut tick = tokio::time::interval(every);
@@ -72,6 +82,8 @@ pub async fn run(
     // When the checkpoints were last known to be stored as they are in memory.
     let mut current_at = std::time::Instant::now();
     let soon = store.commit_soon().unwrap_or_default();
+    let exactly_once = store.gate().is_some();
+    let alarm = commit_alarm(every);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
@@ -80,10 +92,21 @@ pub async fn run(
             _ = soon.notified() => {}
         }
         match write_changed(&store, &checkpoints).await {
-            Ok(_) => current_at = std::time::Instant::now(),
+            Ok(_) => {
+                current_at = std::time::Instant::now();
+                health.set_commits_failing(None);
+            }
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
                 error!(error = %e, "checkpoints not written; retrying at the next interval");
+                let failing = current_at.elapsed();
+                if exactly_once && failing >= alarm {
+                    health.set_commits_failing(Some(format!(
+                        "state: no exactly-once commit succeeded for {} s (more than {} s): the events sent since are not visible to read_committed consumers yet; last error: {e}",
+                        failing.as_secs(),
+                        alarm.as_secs()
+                    )));
+                }
                 // A full interval from now, also after a write that took longer than one (a
                 // broker away: each attempt may wait 30 s with the gate sealed). Events flow
                 // into the transaction meanwhile, up to its bound, instead of the next attempt

@@ -188,6 +188,45 @@ async fn attempts_exhausted_go_to_the_dead_letter() {
     assert_eq!(h.committed().resource_version.as_deref(), Some("2"));
 }
 
+/// A destination that refuses every event (a set-up mistake: a missing topic): the event is
+/// held in order, whatever `max_attempts` and `max_event_age_seconds` say, reported while it
+/// is, never dead-lettered; the checkpoint does not pass it; once the operator fixes it, it
+/// and the object's next event are delivered, in order.
+#[tokio::test(start_paused = true)]
+async fn a_refused_destination_holds_the_event_without_a_dead_letter_until_fixed() {
+    let cfg = crate::delivery::DeliveryConfig { max_attempts: 2, max_event_age_seconds: 1, ..config(100, 10) };
+    let h = Harness::new(&cfg, "QueueRefused");
+    let (a1, a2) = (id("a", 1), id("a", 2));
+    let refused = || {
+        Err(SendError::Refused {
+            refusal: crate::model::Refusal::MissingTopic,
+            reason: "Kafka topic t: Broker: Unknown topic or partition".into(),
+        })
+    };
+    for _ in 0..6 {
+        h.stub.answer(&a1, refused());
+    }
+    let (tx, run) = h.start(16);
+    tx.send(job(0, "a", 1)).await.unwrap();
+    tx.send(job(1, "a", 2)).await.unwrap();
+    drop(tx);
+    settle().await;
+    assert!(h.refusals.any(), "reported while held");
+    let said = h.refusals.describe();
+    assert!(said[0].starts_with("sink: stub refuses every event: the topic does not exist"), "{said:?}");
+    assert!(said[0].contains("fix: create the topic"), "{said:?}");
+    assert_eq!(h.committed().resource_version, None, "the checkpoint does not pass the held event");
+    assert!(h.stub.accepted().is_empty(), "the object's next event waits behind it");
+    run.await.unwrap().expect("delivered");
+
+    assert_eq!(of(&h.stub.log(), &a1).len(), 14, "7 attempts: past max_attempts, never given up");
+    assert_eq!(h.stub.accepted(), [a1, a2]);
+    assert!(h.dead_letters().is_empty(), "a set-up mistake is not dead-lettered");
+    assert!(!h.refusals.any(), "no longer reported once delivered");
+    assert_eq!(h.acked_events(), 2);
+    assert_eq!(h.committed().resource_version.as_deref(), Some("2"));
+}
+
 /// A permanent failure goes to the dead letter at once (no retry); the object's next event
 /// is sent after it was written.
 #[tokio::test(start_paused = true)]
@@ -417,6 +456,7 @@ fn gated(h: &Harness, limiter: Option<Limiter>) -> (Arc<Gate>, mpsc::Sender<Job>
         checkpoints: q.checkpoints.clone(),
         metrics: q.metrics.clone(),
         gate: Some(gate.clone()),
+        refusals: q.refusals.clone(),
     };
     let (tx, rx) = mpsc::channel(16);
     (gate, tx, tokio::spawn(async move { queue.run(rx).await }))

@@ -16,7 +16,7 @@ use super::config::clean_topic_part;
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::encode;
 use super::producer::Producer;
-use super::rejected::rejected_for_good;
+use super::rejected::{refusal, rejected_for_good};
 use super::transaction::{Limits, Record, Transaction};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
@@ -258,7 +258,7 @@ impl KafkaSink {
                 self.set_connected(true);
                 Ok(Some(delivered))
             }
-            Err((e, _)) => Err(self.classify(e)),
+            Err((e, _)) => Err(self.classify(e, topic)),
         }
     }
 
@@ -271,7 +271,11 @@ impl KafkaSink {
         let Some(txn) = self.transaction.get() else {
             return Err(SendError::Retriable("the exactly-once transaction is not open yet".into()));
         };
-        txn.send(records).await.map_err(|e| SendError::Permanent(super::rejected::with_fix(&e)))
+        let topic = records.first().map(|r| r.topic.clone()).unwrap_or_default();
+        txn.send(records).await.map_err(|e| match refusal(&e) {
+            Some(refusal) => SendError::Refused { refusal, reason: format!("Kafka topic {topic:?}: {e}") },
+            None => SendError::Permanent(super::rejected::with_fix(&e)),
+        })
     }
 
     fn solo(&self) -> Result<&Producer<KafkaContext>, SendError> {
@@ -285,11 +289,18 @@ impl KafkaSink {
         Ok(self.solo.get_or_init(|| p))
     }
 
-    fn classify(&self, e: KafkaError) -> SendError {
+    /// Why a record for `topic` failed: the producer is dead (fatal), the set-up refuses every
+    /// event (held), the record itself cannot go (dead letter), or it may go later (retried).
+    fn classify(&self, e: KafkaError, topic: &str) -> SendError {
         if let Some((code, reason)) = self.producer.client().fatal_error() {
-            return SendError::Fatal(format!("fatal Kafka producer error {code:?}: {reason}"));
+            let fix = refusal(&KafkaError::MessageProduction(code))
+                .map(|r| format!(" ({r}; fix: {})", r.fix()))
+                .unwrap_or_default();
+            return SendError::Fatal(format!("fatal Kafka producer error {code:?}: {reason}{fix}"));
         }
-        if rejected_for_good(&e) {
+        if let Some(refusal) = refusal(&e) {
+            SendError::Refused { refusal, reason: format!("Kafka topic {topic:?}: {e}") }
+        } else if rejected_for_good(&e) {
             SendError::Permanent(super::rejected::with_fix(&e))
         } else {
             SendError::Retriable(e.to_string())

@@ -21,8 +21,10 @@
 //!   aborted and nothing more is committed by this process; the restart sends everything
 //!   since the last commit again.
 //!
-//! Fatal errors (fenced by a newer producer with the same `transactional.id`, or any other
-//! fatal error of librdkafka's transaction manager) end it: the caller stops the process.
+//! Fatal errors end it, by cause ([`TxnError`]): fenced by a newer producer with the same
+//! `transactional.id` (another owner), refused by the broker for a set-up reason (a missing
+//! ACL, a transaction timeout above the broker's maximum: no other owner), or any other fatal
+//! error of librdkafka's transaction manager. The caller stops the process.
 //! Delivery reports are read for one thing only: a record rejected for good (a topic that
 //! does not exist, not authorized, too large) would fail every retry of the transaction, so
 //! it is reported as [`TxnError::Poison`], naming the topic and the fix.
@@ -393,14 +395,14 @@ impl Transaction {
     pub fn commit(&self, records: &[Record]) -> Result<(), TxnError> {
         let mut inner = self.lock();
         match self.commit_locked(&mut inner, records) {
-            Err(TxnError::Fatal(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
+            Err(TxnError::Fenced(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
             other => other,
         }
     }
 
     fn commit_locked(&self, inner: &mut Inner, records: &[Record]) -> Result<(), TxnError> {
         if inner.state == State::Abandoned {
-            return Err(TxnError::Fatal(format!(
+            return Err(TxnError::Abandoned(format!(
                 "{}: the transaction was abandoned; nothing more is committed",
                 self.what
             )));
@@ -448,7 +450,7 @@ impl Transaction {
         let age = inner.first_record.map_or(Duration::ZERO, |t| t.elapsed());
         let owner = self.owner.lock().expect("owner lock").clone();
         if let Err(not) = may_take_over_again(age, self.timeout, owner.as_ref()) {
-            return TxnError::Fatal(format!("{why}{not}"));
+            return TxnError::Fenced(format!("{why}{not}"));
         }
         warn!(
             error = %why,
@@ -520,11 +522,11 @@ impl Transaction {
     /// In `MustAbort` after `err`: aborts now unless `err` is fatal (the events go out again
     /// at once); if the broker does not answer, the next commit aborts first.
     fn abort_soon(&self, inner: &mut Inner, err: TxnError) -> TxnError {
-        if matches!(err, TxnError::Fatal(_) | TxnError::Poison(_)) {
+        if err.ends_the_producer() {
             return err;
         }
         if let Err(again) = self.ready(inner) {
-            if matches!(again, TxnError::Fatal(_) | TxnError::Poison(_)) {
+            if again.ends_the_producer() {
                 return again;
             }
             warn!(error = %again, "{}: the failed transaction is aborted at the next commit", self.what);
@@ -604,8 +606,8 @@ impl Transaction {
     /// The error to report for `e`: a rejected record first (it explains the failure).
     fn failure(&self, e: &KafkaError) -> TxnError {
         match classify(&self.what, e) {
-            TxnError::Fatal(f) => TxnError::Fatal(f),
-            other => self.poisoned().unwrap_or(other),
+            retriable @ TxnError::Retriable(_) => self.poisoned().unwrap_or(retriable),
+            ends => ends,
         }
     }
 

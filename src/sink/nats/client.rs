@@ -12,7 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::config::{Mode, NatsConfig, Storage, StreamSettings, clean_subject_token, subject_template};
 use super::encode::encode;
-use crate::model::Fields;
+use crate::model::{Fields, Refusal};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
 use crate::sink::template::Template;
@@ -329,23 +329,21 @@ fn is_auth_failure(message: &str) -> bool {
 }
 
 /// [`classify`], and for "no stream" (no responders) asks JetStream whether a stream covers
-/// the subject: when it answers that none does, waiting will not help (permanent: the dead
-/// letter, with the reason); when it cannot answer (a server restarting), retried.
+/// the subject: when it answers that none does, that is a set-up mistake ([`Refusal`]: the
+/// event is held, not dead-lettered, until a stream covers the subject); when it cannot
+/// answer (a server restarting), retried.
 async fn classify_checked(js: &jetstream::Context, subject: &str, e: jetstream::context::PublishError) -> SendError {
-    let first = classify(subject, e);
-    if !matches!(&first, SendError::Retriable(r) if r.starts_with(NO_STREAM)) {
-        return first;
+    if e.kind() != PublishErrorKind::StreamNotFound {
+        return classify(subject, e);
     }
     match js.stream_by_subject(subject).await {
-        Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => match first {
-            SendError::Retriable(reason) => SendError::Permanent(reason),
-            other => other,
+        Err(lookup) if lookup.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => SendError::Refused {
+            refusal: Refusal::MissingStream,
+            reason: format!("NATS subject {subject:?}: JetStream says no stream covers it"),
         },
-        _ => first,
+        _ => classify(subject, e),
     }
 }
-
-const NO_STREAM: &str = "no JetStream stream covers subject";
 
 /// `Nats-Msg-Id`: the event id on its subject. JetStream drops a message whose id it stored
 /// within the duplicate window in the same stream, whatever the subject: two `[[resources]]`
@@ -362,7 +360,7 @@ fn classify(subject: &str, e: jetstream::context::PublishError) -> SendError {
         PublishErrorKind::MaxPayloadExceeded => SendError::Permanent(format!("NATS publish to {subject:?}: {e}")),
         // Retried: it can also mean JetStream is briefly unavailable (server restarting).
         PublishErrorKind::StreamNotFound => SendError::Retriable(format!(
-            "{NO_STREAM} {subject:?} (fix: add it to a stream's subjects, or route this resource elsewhere with `subject`)"
+            "no JetStream stream answered for subject {subject:?} (a server restarting, or no stream covers it: fix: add it to a stream's subjects, or route this resource elsewhere with `subject`)"
         )),
         PublishErrorKind::Other => {
             let source = std::error::Error::source(&e);

@@ -2,6 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::model::Refusal;
+
 /// The files of the file store that hold the stream `path` belongs to (` (a.json and
 /// a.journal)`), or nothing for a record of a broker store.
 fn files_of(path: &Path) -> String {
@@ -60,6 +62,13 @@ pub enum CheckpointError {
     ShardLayout { what: String, stored: u32, ours: u32 },
     #[error("{what}: {cause}")]
     Broker { what: String, cause: String },
+    /// The broker refuses this process's state writes for a set-up reason (a missing ACL, a
+    /// setting it does not accept): no other process owns the state.
+    #[error(
+        "{what}: the broker refuses kubecast's state writes, {refusal}: {why}; no other kubecast owns the state, and nothing was written (fix: {})",
+        refusal.fix()
+    )]
+    Refused { what: String, refusal: Refusal, why: String },
     /// Exactly-once: the delivery stopped between an event's send and its acknowledgement, so
     /// the open transaction holds what no state covers: it was aborted, not committed.
     #[error(
@@ -82,6 +91,7 @@ impl CheckpointError {
                 | Self::OtherCluster { .. }
                 | Self::Locked { .. }
                 | Self::Unusable { .. }
+                | Self::Refused { .. }
                 | Self::Abandoned { .. }
         )
     }

@@ -69,11 +69,14 @@ fn broker(what: impl Into<String>, cause: impl std::fmt::Display) -> CheckpointE
 }
 
 /// A fenced or otherwise dead producer stops the process, and so does a record no retry can
-/// deliver; anything else is retried.
+/// deliver; anything else is retried. Only a fence says that another process owns the state.
 fn txn_error(what: &str, e: TxnError) -> CheckpointError {
+    let what = what.to_string();
     match e {
-        TxnError::Fatal(why) => CheckpointError::Fenced { what: what.to_string(), why },
-        TxnError::Poison(why) => CheckpointError::Unusable { what: what.to_string(), why },
+        TxnError::Fenced(why) => CheckpointError::Fenced { what, why },
+        TxnError::Refused { refusal, reason } => CheckpointError::Refused { what, refusal, why: reason },
+        TxnError::Abandoned(_) => CheckpointError::Abandoned { what },
+        TxnError::Fatal(why) | TxnError::Poison(why) => CheckpointError::Unusable { what, why },
         TxnError::Retriable(cause) => broker(what, cause),
     }
 }

@@ -43,7 +43,9 @@ impl ProducerContext for TxnContext {
         match result {
             Ok(_) => self.connected.store(true, Ordering::Relaxed),
             Err((e, m)) => {
-                if super::super::rejected::rejected_for_good(e) {
+                // A record no retry delivers, or a set-up mistake (a missing topic or ACL): the
+                // transaction would fail the same way at every retry.
+                if super::super::rejected::rejected_for_good(e) || super::super::rejected::refusal(e).is_some() {
                     let mut p = self.poison.lock().expect("poison lock");
                     if p.is_none() {
                         *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
