@@ -220,7 +220,7 @@ fn the_alerts_pass_promtool_check_and_the_unit_tests_of_every_alert() {
     let dir = tempfile::tempdir().unwrap();
     write_rule_files(&rule, dir.path());
     let out = ok(promtool(&["check", "rules", "rules.yaml"], dir.path()), "promtool check rules");
-    assert!(out.contains("SUCCESS: 6 rules found"), "{out}");
+    assert!(out.contains(&format!("SUCCESS: {} rules found", ALERTS.len())), "{out}");
     // Every alert has cases where it fires and cases where it stays silent.
     let cases = cases_per_alert();
     for a in ALERTS {

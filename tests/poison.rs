@@ -1,7 +1,6 @@
-//! An event its destination will never take must not freeze its stream: a Kafka topic that
-//! does not exist (and is not created) and a NATS subject no JetStream stream covers are
-//! permanent failures. The event goes to the dead letter with the reason, and the stream's
-//! checkpoint moves on.
+//! An event its destination will never take must not freeze its stream: the event goes to the
+//! dead letter with the reason, and the stream's checkpoint moves on. (A destination that
+//! refuses every event, a set-up mistake, holds the stream instead: `tests/refusals.rs`.)
 
 use kubecast_kit as common;
 
@@ -56,54 +55,6 @@ async fn test_stream(subjects: impl FnOnce(&str) -> Vec<String>) -> (jetstream::
     .await
     .unwrap();
     (js, prefix)
-}
-
-#[tokio::test]
-async fn a_kafka_topic_that_does_not_exist_dead_letters_instead_of_freezing_the_stream() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "poison-k").await;
-    create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
-    create_cm(&client, &ns.name, "b", json!({}), json!({"v": "1"})).await;
-    let topic = common::unique("missing");
-    // The broker auto-creates topics; this producer asks it not to, so the topic stays missing.
-    let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"1000\"\n",
-        common::env_var("KAFKA_BROKERS")
-    );
-    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, "flush_interval_ms = 200", &[]);
-    let dead = wait_dead_letters(&mut kc, 2).await;
-    for d in &dead {
-        let reason = d["reason"].as_str().unwrap();
-        assert!(reason.to_lowercase().contains("unknown topic"), "{reason}");
-        assert_eq!(d["destination"], topic.as_str());
-        assert_eq!(d["event"]["type"], "io.kubecast.core.ConfigMap.added");
-    }
-    wait_checkpoint_moved(&kc).await;
-    assert!(kc.stop().success(), "{}", kc.log());
-}
-
-#[tokio::test]
-async fn a_nats_subject_no_stream_covers_dead_letters_instead_of_freezing_the_stream() {
-    let client = client().await;
-    let ns = TestNamespace::new(&client, "poison-n").await;
-    // Covers the `default` namespace only: what kubecast's start-up check samples for a
-    // cluster-wide stream. The test's namespace is not covered.
-    let (js, prefix) = test_stream(|p| vec![format!("{p}.default.>")]).await;
-    let label = common::unique("l");
-    let config = format!(
-        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nlabel_selector = \"poison={label}\"\nsubject = \"{prefix}.{{namespace}}.{{verb}}\"\n"
-    );
-    let sink = format!("[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\n", common::env_var("NATS_URL"));
-    let mut kc = Kubecast::start_with_sink(&config, &sink, "flush_interval_ms = 200", &[]);
-    kc.wait_ready(200).await;
-    create_cm(&client, &ns.name, "a", json!({"poison": label}), json!({"v": "1"})).await;
-    let dead = wait_dead_letters(&mut kc, 1).await;
-    let reason = dead[0]["reason"].as_str().unwrap();
-    assert!(reason.contains("no JetStream stream covers subject"), "{reason}");
-    assert!(reason.contains(&format!("{prefix}.{}.added", ns.name)), "{reason}");
-    wait_checkpoint_moved(&kc).await;
-    assert!(kc.stop().success(), "{}", kc.log());
-    let _ = js.delete_stream(prefix.to_uppercase()).await;
 }
 
 #[tokio::test]

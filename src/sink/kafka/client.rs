@@ -289,6 +289,11 @@ impl KafkaSink {
         Ok(self.solo.get_or_init(|| p))
     }
 
+    /// ` as User:<name>` with SASL (the principal an ACL names), else nothing.
+    fn principal(&self) -> String {
+        self.config.get("sasl.username").map(|u| format!(" as User:{u}")).unwrap_or_default()
+    }
+
     /// Why a record for `topic` failed: the producer is dead (fatal), the set-up refuses every
     /// event (held), the record itself cannot go (dead letter), or it may go later (retried).
     fn classify(&self, e: KafkaError, topic: &str) -> SendError {
@@ -299,7 +304,7 @@ impl KafkaSink {
             return SendError::Fatal(format!("fatal Kafka producer error {code:?}: {reason}{fix}"));
         }
         if let Some(refusal) = refusal(&e) {
-            SendError::Refused { refusal, reason: format!("Kafka topic {topic:?}: {e}") }
+            SendError::Refused { refusal, reason: format!("Kafka topic {topic:?}{}: {e}", self.principal()) }
         } else if rejected_for_good(&e) {
             SendError::Permanent(super::rejected::with_fix(&e))
         } else {

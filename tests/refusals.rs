@@ -1,0 +1,219 @@
+//! A mistake in the set-up is a clear signal, never a quiet loss: a Kafka topic that does not
+//! exist, a Write permission not granted, a NATS subject no JetStream stream covers. Under a
+//! steady load of changes, kubecast holds the stream (the events wait in order, the position
+//! does not move), `/readyz` is 503 naming the destination, the cause and the fix,
+//! `kubecast_sink_refused{reason}` counts the events held, and nothing goes to the dead letter,
+//! whatever `max_attempts` and `max_event_age_seconds` say. Once the operator creates the
+//! topic, grants the permission or adds the stream, every change arrives, in order per object,
+//! without a restart.
+
+use kubecast_kit as common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, stream};
+use common::traffic::{Delivery, Source, Traffic};
+use common::{Kubecast, TestNamespace, client};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+
+const WAIT: Duration = Duration::from_secs(120);
+/// Changes per second of the load, on this many ConfigMaps.
+const RATE: u64 = 10;
+const NAMES: usize = 8;
+/// Delivery settings that would dead-letter a failing event within seconds if the refusal were
+/// treated as the event's fault.
+const DELIVERY: &str =
+    "flush_interval_ms = 200\n[delivery]\nmax_attempts = 2\nmax_event_age_seconds = 3\nbackoff_min_ms = 100\nbackoff_max_ms = 500\n";
+
+fn dead_letters(kc: &Kubecast) -> String {
+    std::fs::read_to_string(kc.dir.path().join("state/dead-letter.jsonl")).unwrap_or_default()
+}
+
+/// `kubecast_sink_refused{reason="<reason>"}`'s value.
+async fn refused_metric(kc: &mut Kubecast, reason: &str) -> i64 {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let prefix = format!("kubecast_sink_refused{{reason=\"{reason}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {prefix} in the metrics:\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Waits until an event has been refused at least `attempts` times (the warning repeats at
+/// every tenth attempt): past `max_attempts` and `max_event_age_seconds`.
+async fn wait_refused_attempts(kc: &mut Kubecast, attempts: u32) {
+    kc.wait_log(&format!("attempt={attempts} "), 1).await;
+}
+
+/// While refused: not ready with `says` in `/readyz`, the metric counts held events, no dead
+/// letter, and the stream's position has not moved past the first held event.
+async fn assert_held(kc: &mut Kubecast, says: &[&str], reason: &str) {
+    kc.wait_ready_reason("refuses every event").await;
+    wait_refused_attempts(kc, 10).await;
+    let (status, body) = kc.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    for s in says {
+        assert!(body.contains(s), "/readyz does not say {s:?}: {body}");
+    }
+    assert!(body.contains("fix: "), "{body}");
+    eprintln!("/readyz while held: {body}");
+    assert!(refused_metric(kc, reason).await > 0, "kubecast_sink_refused{{reason={reason:?}}} counts held events");
+    assert_eq!(dead_letters(kc), "", "a set-up mistake is not dead-lettered\n{}", kc.log());
+    assert!(!kc.log().contains("writing it to the dead letter"), "{}", kc.log());
+    assert!(
+        !kc.checkpoints().first().is_some_and(|c| c["resource_version"].is_string()),
+        "the position moved past held events: {:?}",
+        kc.checkpoints()
+    );
+}
+
+/// After the fix: ready again, every change delivered in order, still no dead letter.
+async fn assert_resumed(mut kc: Kubecast, traffic: Traffic, reason: &str) {
+    kc.wait_ready(200).await;
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    assert!(verdict.seen > NAMES, "{verdict:?}");
+    assert_eq!(refused_metric(&mut kc, reason).await, 0);
+    assert_eq!(dead_letters(&kc), "", "{}", kc.log());
+    assert!(kc.log().contains("the destination refuses every event"), "{}", kc.log());
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
+async fn create_topic(name: &str) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
+    let r = admin
+        .create_topics(&[NewTopic::new(name, 2, TopicReplication::Fixed(1))], &AdminOptions::new())
+        .await
+        .unwrap();
+    r[0].as_ref().expect("topic created");
+}
+
+fn kafka_source(topic: &str) -> Source {
+    Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.into(), read_committed: false }
+}
+
+#[tokio::test]
+async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-topic").await;
+    let topic = common::unique("missing");
+    // The test broker creates topics on first use; this producer asks it not to, as a broker
+    // with auto.create.topics.enable=false does.
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"1000\"\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, DELIVERY, &[]);
+    let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
+    assert_held(&mut kc, &[&topic, "the topic does not exist", "fix: create the topic"], "missing_topic").await;
+    create_topic(&topic).await;
+    assert_resumed(kc, traffic, "missing_topic").await;
+}
+
+/// `tests/env/kafka-acls` with `args` against the test broker (as its super user).
+fn kafka_acls(args: &[&str]) {
+    let tool = common::env::repo_root().join("tests/env/kafka-acls");
+    let out = Command::new(&tool)
+        .args(["--bootstrap-server", &common::env_var("KAFKA_BROKERS")])
+        .args(args)
+        .output()
+        .expect("run tests/env/kafka-acls");
+    assert!(
+        out.status.success(),
+        "kafka-acls {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The limited user's Write on `topic`, denied (`add`) or no longer denied.
+fn deny_write(topic: &str, add: bool) {
+    let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
+    let action = if add { "--add" } else { "--remove" };
+    let mut args = vec![action, "--deny-principal", &principal, "--operation", "Write", "--topic", topic];
+    if !add {
+        args.push("--force");
+    }
+    kafka_acls(&args);
+}
+
+#[tokio::test]
+async fn a_kafka_topic_write_not_authorized_holds_the_stream_until_granted_and_loses_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-acl").await;
+    let topic = common::unique("acl");
+    create_topic(&topic).await;
+    deny_write(&topic, true);
+    // The limited user over SASL (SCRAM-SHA-512): allowed what no ACL names, denied Write on
+    // this topic.
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
+        common::env_var("KAFKA_SASL_BROKERS"),
+        common::env_var("KAFKA_LIMITED_USER"),
+    );
+    let password = common::env_var("KAFKA_LIMITED_PASSWORD");
+    let mut kc = Kubecast::start_with_sink(
+        &common::cm_config(&ns.name, ""),
+        &sink,
+        DELIVERY,
+        &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())],
+    );
+    let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
+    let principal = format!("as User:{}", common::env_var("KAFKA_LIMITED_USER"));
+    assert_held(&mut kc, &[&topic, &principal, "may not write to the topic", "kafka-acls"], "topic_not_authorized").await;
+    deny_write(&topic, false);
+    assert!(!kc.log().contains(&password), "the password leaked into the log");
+    assert_resumed(kc, traffic, "topic_not_authorized").await;
+}
+
+#[tokio::test]
+async fn a_nats_subject_no_stream_covers_holds_the_stream_until_a_stream_does_and_loses_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-nats").await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("r").replace('-', "_");
+    let name = prefix.to_uppercase();
+    // Covers the `default` namespace only (what kubecast's start-up check samples for a
+    // cluster-wide stream, which this one is, with a field selector on the test's namespace);
+    // the test's namespace is not covered until the fix.
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("{prefix}.default.>")],
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let config = format!(
+        "[cluster]\nname = \"e2e\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nfield_selector = \"metadata.namespace={}\"\nsubject = \"{prefix}.{{namespace}}.{{verb}}\"\n",
+        ns.name
+    );
+    let sink = format!("[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\n", common::env_var("NATS_URL"));
+    let mut kc = Kubecast::start_with_sink(&config, &sink, DELIVERY, &[]);
+    let source = Source::Nats { url: common::env_var("NATS_URL"), stream: name.clone() };
+    let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), source, NAMES, RATE);
+    let subject = format!("{prefix}.{}.", ns.name);
+    assert_held(&mut kc, &[&subject, "no JetStream stream covers the subject", "fix: add the subject"], "missing_stream")
+        .await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut s = js.get_stream(&name).await.unwrap();
+        let mut cfg = s.info().await.unwrap().config.clone();
+        cfg.subjects.push(format!("{prefix}.{}.>", ns.name));
+        if js.update_stream(&cfg).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stream could not be updated");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_resumed(kc, traffic, "missing_stream").await;
+    let _ = js.delete_stream(&name).await;
+}
