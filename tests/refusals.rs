@@ -217,3 +217,66 @@ async fn a_nats_subject_no_stream_covers_holds_the_stream_until_a_stream_does_an
     assert_resumed(kc, traffic, "missing_stream").await;
     let _ = js.delete_stream(&name).await;
 }
+
+/// The limited user's Write on transactional id `id`, denied (`add`) or no longer denied.
+fn deny_transactional_id(id: &str, add: bool) {
+    let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
+    let action = if add { "--add" } else { "--remove" };
+    let mut args = vec![action, "--deny-principal", &principal, "--operation", "Write", "--transactional-id", id];
+    if !add {
+        args.push("--force");
+    }
+    kafka_acls(&args);
+}
+
+/// Exactly-once, the state store's `transactional.id` not granted: a set-up mistake, not
+/// another owner. The process stays up, not ready, naming the transactional.id and the fix,
+/// writes nothing and publishes nothing (its streams start once the store is open); once
+/// granted it opens the store, sends the objects that exist, and every change after is
+/// committed exactly once.
+#[tokio::test]
+async fn a_transactional_id_not_authorized_is_not_read_as_fencing_and_resumes_once_granted() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-txn").await;
+    let (topic, state, id) = (common::unique("eos-acl"), common::unique("eos-acl-state"), common::unique("txn"));
+    create_topic(&topic).await;
+    deny_transactional_id(&id, true);
+    let existing = common::names("before", 0..3);
+    common::create_cms(&client, &ns.name, &existing).await;
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nexactly_once = true\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
+        common::env_var("KAFKA_SASL_BROKERS"),
+        common::env_var("KAFKA_LIMITED_USER"),
+    );
+    let checkpoint =
+        format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\ntransactional_id = \"{id}\"\n");
+    let password = common::env_var("KAFKA_LIMITED_PASSWORD");
+    let mut kc = Kubecast::start_with_sink(
+        &common::cm_config(&ns.name, ""),
+        &sink,
+        &checkpoint,
+        &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())],
+    );
+    kc.wait_ready_reason("the principal may not use the transactional.id").await;
+    // Retried, still saying so, and still running: not taken for another owner.
+    kc.wait_log("state store refused (a set-up mistake)", 2).await;
+    let (status, body) = kc.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&id) && body.contains("--transactional-id") && body.contains("no other kubecast owns the state"), "{body}");
+    assert!(kc.exited().is_none(), "kubecast stays up:\n{}", kc.log());
+    assert!(!kc.log().contains("another kubecast process owns the state"), "{}", kc.log());
+    assert!(
+        common::topic::read_if_any(&topic, true).is_empty(),
+        "nothing committed while the store cannot be opened"
+    );
+    deny_transactional_id(&id, false);
+    kc.wait_ready(200).await;
+    let source = Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: true };
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let traffic = Traffic::start_after(&api, source, NAMES, RATE, existing.len(), WAIT).await;
+    assert!(traffic.flowing(2 * NAMES, WAIT).await, "changes are committed:\n{}", kc.log());
+    let verdict = traffic.finish(Delivery::ExactlyOnce, WAIT).await;
+    assert!(verdict.seen > NAMES, "{verdict:?}");
+    assert!(!kc.log().contains(&password), "the password leaked into the log");
+    assert!(kc.stop().success(), "{}", kc.log());
+}

@@ -53,7 +53,7 @@ pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Resu
     let Held { epoch, writer, keeper: mut lease, stop: lease_stop, lost: lease_lost, tenure } = held;
     // The state, opened and read only by the active process, and only while it holds the
     // Lease: abandoned as soon as the keeper reports it lost.
-    match leadership::while_held(&mut lease, open_state(&mut pipeline, client, &sink, epoch, writer, &cancel)).await {
+    match leadership::while_held(&mut lease, open_state(&mut pipeline, client, &sink, epoch, writer, health, &cancel)).await {
         Ok(true) => {}
         Ok(false) => {
             info!("stopped before the state store could be opened");
@@ -157,11 +157,12 @@ async fn open_state(
     sink: &Sink,
     epoch: Option<i64>,
     writer: String,
+    health: &Health,
     cancel: &CancellationToken,
 ) -> Result<bool, RunError> {
     let owner = Owner { cluster_uid: store::cluster_uid(client).await, epoch, writer };
     let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
-    let Some(state) = store::open(&pipeline.config, sink, &keys, owner, cancel).await? else {
+    let Some(state) = store::open(&pipeline.config, sink, &keys, owner, health, cancel).await? else {
         return Ok(false);
     };
     pipeline.load(state).await?;

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::Config;
+use crate::observe::health::Health;
 use crate::observe::kube_error::in_words;
 use crate::sink::{Sink, secret};
 use crate::state::StoreKind;
@@ -56,13 +57,16 @@ pub fn transactional_id(config: &Config, keys: &[StreamKey]) -> String {
     format!("kubecast-state.{}.{hex}", config.cluster.name)
 }
 
-/// Opens the store. A broker that cannot be reached is retried (every 2 s, with a warning)
-/// until `cancel` fires; anything else is an error.
+/// Opens the store. A broker that cannot be reached is retried (every 2 s, with a warning),
+/// and so is a broker that refuses the store for a set-up reason (a missing ACL on the
+/// `transactional.id`, a transaction timeout above its maximum: every 5 s, `health` not ready
+/// naming it and the fix), until `cancel` fires; anything else is an error.
 pub async fn open(
     config: &Config,
     sink: &Sink,
     keys: &[StreamKey],
     owner: Owner,
+    health: &Health,
     cancel: &CancellationToken,
 ) -> Result<Option<Store>, CheckpointError> {
     let c = &config.checkpoint;
@@ -103,16 +107,26 @@ pub async fn open(
                 Err(e) => Err(e),
             },
         };
-        match opened {
-            Ok(store) => return Ok(Some(store)),
+        let wait = match opened {
+            Ok(store) => {
+                health.set_state_problem(None);
+                return Ok(Some(store));
+            }
             Err(e @ CheckpointError::Broker { .. }) => {
                 warn!(error = %e, "state store cannot be opened yet; retrying in 2 s");
-                tokio::select! {
-                    _ = cancel.cancelled() => return Ok(None),
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-                }
+                Duration::from_secs(2)
+            }
+            // A set-up mistake, not another owner: said until the operator fixes it.
+            Err(e @ CheckpointError::Refused { .. }) => {
+                warn!(error = %e, "state store refused (a set-up mistake); retrying in 5 s until it is fixed");
+                health.set_state_problem(Some(format!("state: {e}")));
+                Duration::from_secs(5)
             }
             Err(e) => return Err(e),
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(wait) => {}
         }
     }
 }

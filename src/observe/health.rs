@@ -46,9 +46,10 @@ pub struct Health {
     shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
     /// Destinations that refuse every event (a set-up mistake), held by the delivery queue.
     refusals: Arc<Refusals>,
-    /// Exactly-once: why no commit succeeded for too long, while it lasts (the events sent
-    /// meanwhile are invisible to `read_committed` consumers).
-    commits: Mutex<Option<String>>,
+    /// Why the state store cannot be used, while it cannot: opening it is refused for a set-up
+    /// reason (a missing ACL), or (exactly-once) no commit succeeded for too long (the events
+    /// sent meanwhile are invisible to `read_committed` consumers).
+    state: Mutex<Option<String>>,
 }
 
 impl Health {
@@ -74,7 +75,7 @@ impl Health {
             lease: Mutex::new(None),
             shards: Mutex::new(BTreeMap::new()),
             refusals: Arc::default(),
-            commits: Mutex::new(None),
+            state: Mutex::new(None),
         })
     }
 
@@ -83,10 +84,15 @@ impl Health {
         *self.sink.lock().expect("health lock") = SinkSignal::Open { connected, cause };
     }
 
-    /// Exactly-once: `Some(reason)` while no commit has succeeded for too long; `None` once
-    /// one does.
-    pub fn set_commits_failing(&self, reason: Option<String>) {
-        *self.commits.lock().expect("health lock") = reason;
+    /// `Some(reason)` while the state store cannot be used (its opening refused; exactly-once:
+    /// no commit succeeded for too long); `None` once it can.
+    pub fn set_state_problem(&self, reason: Option<String>) {
+        *self.state.lock().expect("health lock") = reason;
+    }
+
+    /// Why the state store cannot be used, if it cannot.
+    pub fn state_problem(&self) -> Option<String> {
+        self.state.lock().expect("health lock").clone()
     }
 
     /// Where the delivery queue reports destinations that refuse every event.
@@ -178,7 +184,7 @@ impl Health {
             }
         }
         out.extend(self.refusals.describe());
-        out.extend(self.commits.lock().expect("health lock").clone());
+        out.extend(self.state.lock().expect("health lock").clone());
         out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
         for (shard, health) in self.shards.lock().expect("health lock").iter() {
             out.extend(health.not_ready().into_iter().map(|r| format!("shard {}: {r}", shard.label())));
@@ -267,9 +273,9 @@ mod tests {
     #[test]
     fn commits_failing_for_too_long_make_the_process_not_ready_until_one_succeeds() {
         let h = health(&[]);
-        h.set_commits_failing(Some("state: no commit succeeded for 31 s".into()));
+        h.set_state_problem(Some("state: no commit succeeded for 31 s".into()));
         assert_eq!(h.not_ready(), ["state: no commit succeeded for 31 s"]);
-        h.set_commits_failing(None);
+        h.set_state_problem(None);
         assert!(h.not_ready().is_empty());
     }
 

@@ -94,14 +94,14 @@ pub async fn run(
         match write_changed(&store, &checkpoints).await {
             Ok(_) => {
                 current_at = std::time::Instant::now();
-                health.set_commits_failing(None);
+                health.set_state_problem(None);
             }
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
                 error!(error = %e, "checkpoints not written; retrying at the next interval");
                 let failing = current_at.elapsed();
                 if exactly_once && failing >= alarm {
-                    health.set_commits_failing(Some(format!(
+                    health.set_state_problem(Some(format!(
                         "state: no exactly-once commit succeeded for {} s (more than {} s): the events sent since are not visible to read_committed consumers yet; last error: {e}",
                         failing.as_secs(),
                         alarm.as_secs()

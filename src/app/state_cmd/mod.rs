@@ -474,13 +474,17 @@ async fn open_for_write(
         tokio::time::sleep(std::time::Duration::from_secs(30)).await;
         timer.cancel();
     });
-    let opened = store::open(config, &sink, &keys, owner, &give_up).await;
+    let health = crate::observe::health::Health::new(Vec::new());
+    let opened = store::open(config, &sink, &keys, owner, &health, &give_up).await;
     timer.abort();
     match opened? {
         Some(store) => Ok((store, uid)),
         None => Err(CheckpointError::Broker {
             what: format!("[checkpoint] store {:?}", config.checkpoint.store),
-            cause: "not reachable within 30 s (see the warnings above)".into(),
+            cause: match health.state_problem() {
+                Some(refused) => format!("not usable within 30 s: {refused}"),
+                None => "not reachable within 30 s (see the warnings above)".into(),
+            },
         }
         .into()),
     }
