@@ -88,6 +88,8 @@ impl Place {
                     create_topic: true,
                     transactional_id: self.name.clone(),
                     exactly_once: false,
+                    replication_factor: None,
+                    min_insync_replicas: None,
                 };
                 Store::Kafka(Arc::new(KafkaStore::open(cfg, owner).await?))
             }

@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match real_main(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("kubecast: error: {e:#}");
             ExitCode::FAILURE
@@ -32,12 +32,25 @@ fn main() -> ExitCode {
     }
 }
 
-fn real_main(cli: Cli) -> anyhow::Result<()> {
+fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::CheckConfig { config } => {
+        Command::CheckConfig { config, connect } => {
             let cfg = Config::load(config.as_deref())?;
             println!("{}", cfg.summary());
-            Ok(())
+            if !connect {
+                return Ok(ExitCode::SUCCESS);
+            }
+            let rt = kubecast::app::runtime::build().context("starting the runtime")?;
+            let findings = rt.block_on(kubecast::app::connect_check::check(&cfg)).map_err(anyhow::Error::msg)?;
+            for f in &findings {
+                println!("{} {}", if f.problem { "problem:" } else { "ok:" }, f.text);
+            }
+            let problems = findings.iter().filter(|f| f.problem).count();
+            if problems > 0 {
+                eprintln!("kubecast: error: {problems} problem(s) with the destinations, each named above");
+                return Ok(ExitCode::from(2));
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::State { config, command } => {
             let cfg = Config::load(config.as_deref())?;
@@ -54,7 +67,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             let rt = kubecast::app::runtime::build().context("starting the runtime")?;
             rt.block_on(kubecast::app::state_cmd::run(cfg, command))?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
         Command::Run { config } => {
             let cfg = Config::load(config.as_deref())?;
@@ -70,7 +83,7 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
             // waits up to its own timeout): not waited for.
             rt.shutdown_timeout(std::time::Duration::from_secs(1));
             result?;
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

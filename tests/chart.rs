@@ -660,7 +660,7 @@ fn monitoring_values_render_the_alerts_and_the_dashboard_for_the_grafana_sidecar
     let rule = one(&objs, "PrometheusRule");
     assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
     let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 6);
+    assert_eq!(rules.len(), 7);
     assert!(rules.iter().all(|r| r["labels"]["team"] == "platform"), "{rules:?}");
     let age = rules.iter().find(|r| r["alert"] == "KubecastCheckpointTooOld").unwrap();
     assert_eq!(age["expr"], r#"kubecast_checkpoint_age_seconds{job="k-kubecast",namespace="kc"} > 600"#);

@@ -85,10 +85,19 @@ async fn a_dead_letter_destination_that_cannot_take_dead_letters_is_refused_at_s
 async fn a_nats_dead_letter_is_not_dropped_as_a_duplicate_of_its_event() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "poison-dup").await;
-    // The dead-letter subject, and the events of `default` (what the start-up check samples);
-    // not the events of the test's namespace.
-    let (js, prefix) = test_stream(|p| vec![format!("{p}.dead"), format!("{p}.ev.default.>")]).await;
+    // The dead-letter subject in one stream; the events in another that takes no message
+    // larger than 64 bytes, so each event is one no retry delivers (the dead letter).
+    let (js, prefix) = test_stream(|p| vec![format!("{p}.dead")]).await;
     let name = prefix.to_uppercase();
+    let small = format!("{name}_EV");
+    js.create_stream(stream::Config {
+        name: small.clone(),
+        subjects: vec![format!("{prefix}.ev.>")],
+        max_message_size: 64,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     let label = common::unique("l");
     let cm = create_cm(&client, &ns.name, "a", json!({"poison": label}), json!({"v": "1"})).await;
     let id = format!("{}:{}:added", cm.metadata.uid.unwrap(), cm.metadata.resource_version.unwrap());
@@ -116,6 +125,7 @@ async fn a_nats_dead_letter_is_not_dropped_as_a_duplicate_of_its_event() {
     }
     assert!(kc.stop().success(), "{}", kc.log());
     let _ = js.delete_stream(&name).await;
+    let _ = js.delete_stream(&small).await;
 }
 
 /// The sink cannot take events (no broker): the stream's checkpoint stops moving with events

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, stream};
 use common::traffic::{Delivery, Source, Traffic};
-use common::{Kubecast, TestNamespace, client};
+use common::{Kubecast, TestNamespace, client, create_cm};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use rdkafka::ClientConfig;
@@ -114,6 +114,9 @@ async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_no
     let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, DELIVERY, &[]);
     let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
     assert_held(&mut kc, &[&topic, "the topic does not exist", "fix: create the topic"], "missing_topic").await;
+    // Said at start too, before the first event was refused: the look-up of every destination.
+    kc.wait_log("a destination is not ready; its events will be held until it is fixed", 1).await;
+    assert!(kc.log().contains(&format!("Kafka event topic \"{topic}\" does not exist")), "{}", kc.log());
     create_topic(&topic).await;
     assert_resumed(kc, traffic, "missing_topic").await;
 }
@@ -278,5 +281,165 @@ async fn a_transactional_id_not_authorized_is_not_read_as_fencing_and_resumes_on
     let verdict = traffic.finish(Delivery::ExactlyOnce, WAIT).await;
     assert!(verdict.seen > NAMES, "{verdict:?}");
     assert!(!kc.log().contains(&password), "the password leaked into the log");
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
+/// `kubecast check-config --connect` with `config` (a whole TOML file): (exit code, stdout,
+/// stderr).
+fn check_connect(config: &str) -> (i32, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubecast.toml");
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(common::bin())
+        .args(["check-config", "--connect", "--config"])
+        .arg(&path)
+        .env("KUBECONFIG", common::kubeconfig())
+        .env("REFUSALS_TEST_KAFKA_PASSWORD", common::env_var("KAFKA_LIMITED_PASSWORD"))
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
+}
+
+/// The finding lines (`ok:` / `problem:`) of `check-config --connect`'s output that name `what`.
+fn finding<'a>(out: &'a str, what: &str) -> &'a str {
+    out.lines()
+        .find(|l| (l.starts_with("ok:") || l.starts_with("problem:")) && l.contains(what))
+        .unwrap_or_else(|| panic!("{what} not named:\n{out}"))
+}
+
+/// The command an installer runs before the install: every destination the config names,
+/// looked up without creating it; exit 2 naming each problem, 0 once they are fixed.
+#[tokio::test]
+async fn check_config_connect_names_every_missing_or_refused_destination() {
+    let cluster = common::unique("connect");
+    let (events, dead) = (common::unique("connect-events"), common::unique("connect-dead"));
+    let resources = "[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\nnamespaces = [\"default\"]\n";
+    // A producer that never creates topics (as with a broker whose auto.create.topics.enable is
+    // false), the limited user, a dead letter on the broker.
+    let kafka = format!(
+        "[cluster]\nname = \"{cluster}\"\n[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{events}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{dead}\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\ntopic = \"{cluster}-state\"\n{resources}",
+        common::env_var("KAFKA_SASL_BROKERS"),
+        common::env_var("KAFKA_LIMITED_USER"),
+    );
+    let (code, out, err) = check_connect(&kafka);
+    assert_eq!(code, 2, "exit {code}\n{out}\n{err}");
+    for topic in [&events, &dead] {
+        let line = finding(&out, topic);
+        assert!(line.starts_with("problem:") && line.contains("does not exist") && line.contains("fix: create"), "{line}");
+    }
+    let state = finding(&out, "-state");
+    assert!(state.starts_with("ok:") && state.contains("kubecast creates it"), "{state}");
+    assert!(err.contains("2 problem(s)"), "{err}");
+    // Nothing was created by looking.
+    assert!(common::topic::read_if_any(&events, false).is_empty());
+
+    // Both created; the limited user denied Describe on the event topic: named as refused.
+    create_topic(&events).await;
+    create_topic(&dead).await;
+    let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
+    let deny = |action: &'static str| {
+        let mut args = vec![action, "--deny-principal", &principal, "--operation", "Describe", "--topic", &events];
+        if action == "--remove" {
+            args.push("--force");
+        }
+        kafka_acls(&args);
+    };
+    deny("--add");
+    let (code, out, err) = check_connect(&kafka);
+    assert_eq!(code, 2, "exit {code}\n{out}\n{err}");
+    let line = finding(&out, &events);
+    assert!(line.starts_with("problem:") && line.contains(&principal) && line.contains("kafka-acls"), "{line}");
+    deny("--remove");
+    let (code, out, err) = check_connect(&kafka);
+    assert_eq!(code, 0, "exit {code}\n{out}\n{err}");
+    assert!(out.lines().any(|l| l.starts_with("ok:") && l.contains(events.as_str()) && l.contains("exists")), "{out}");
+
+    // NATS: a subject no stream covers.
+    let nats = format!(
+        "[cluster]\nname = \"{cluster}\"\n[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{}.{{namespace}}\"\n{resources}",
+        common::env_var("NATS_URL"),
+        common::unique("uncovered").replace('-', "_")
+    );
+    let (code, out, err) = check_connect(&nats);
+    assert_eq!(code, 2, "exit {code}\n{out}\n{err}");
+    assert!(
+        out.lines().any(|l| l.starts_with("problem:") && l.contains(".default") && l.contains("no JetStream stream covers")),
+        "{out}"
+    );
+}
+
+/// Two shards on one replica, exactly once, their `transactional.id`s not granted: each shard
+/// is held (no shard given up and taken again), the replica not ready naming it, nothing
+/// written; once granted both shards open their stores and the replica is ready.
+#[tokio::test]
+async fn sharded_with_the_transactional_ids_refused_holds_its_shards_not_ready_until_granted() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-shards").await;
+    let (topic, state, id) = (common::unique("eos-shards"), common::unique("eos-shards-state"), common::unique("txns"));
+    create_topic(&topic).await;
+    let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
+    let acl = |action: &'static str| {
+        let mut args = vec![
+            action,
+            "--deny-principal",
+            &principal,
+            "--operation",
+            "Write",
+            "--resource-pattern-type",
+            "prefixed",
+            "--transactional-id",
+            &id,
+        ];
+        if action == "--remove" {
+            args.push("--force");
+        }
+        kafka_acls(&args);
+    };
+    acl("--add");
+    let config = common::lease_cm_config(&ns.name, &common::unique("lease"))
+        .replace("enabled = true\n", "enabled = true\nshards = 2\n");
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nexactly_once = true\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
+        common::env_var("KAFKA_SASL_BROKERS"),
+        common::env_var("KAFKA_LIMITED_USER"),
+    );
+    let checkpoint =
+        format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\ntransactional_id = \"{id}\"\n");
+    let password = common::env_var("KAFKA_LIMITED_PASSWORD");
+    let mut kc = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())]);
+    // Both shards taken and refused, each said on /readyz.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = kc.admin_get("/readyz").await;
+        let said = body.matches("the principal may not use the transactional.id").count();
+        if said == 2 {
+            assert_eq!(status, 503, "{body}");
+            assert!(body.contains("shard 0-of-2") && body.contains("shard 1-of-2"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "/readyz: {status} {body}\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Refused again and again, held all along: no shard given up or failed.
+    kc.wait_log("state store refused (a set-up mistake)", 6).await;
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let held = metrics.lines().filter(|l| l.starts_with("kubecast_shard_held{") && l.ends_with(" 1")).count();
+    assert_eq!(held, 2, "{metrics}");
+    for churn in ["shard lost", "shard failed", "shard stopped"] {
+        assert!(!kc.log().contains(churn), "{churn}:\n{}", kc.log());
+    }
+    assert!(!kc.log().contains("another kubecast process owns the state"), "{}", kc.log());
+    acl("--remove");
+    kc.wait_ready(200).await;
+    create_cm(&client, &ns.name, "after", serde_json::json!({}), serde_json::json!({"v": "1"})).await;
+    let deadline = Instant::now() + WAIT;
+    while !common::topic::read_if_any(&topic, true).iter().any(|m| {
+        rdkafka::message::Message::payload(m).is_some_and(|p| String::from_utf8_lossy(p).contains("\"after\""))
+            || common::topic::header(m, "ce_subject").is_some_and(|s| s.ends_with("/after"))
+    }) {
+        assert!(Instant::now() < deadline, "the change after the grant never committed:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     assert!(kc.stop().success(), "{}", kc.log());
 }

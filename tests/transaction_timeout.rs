@@ -175,7 +175,7 @@ async fn once_the_lease_is_lost_a_transaction_the_broker_aborted_stays_fatal() {
     wait_for_the_brokers_abort(&id).await;
 
     let e = commit(&txn).await.expect_err("fenced");
-    assert!(matches!(e, TxnError::Fatal(_)), "not taken over without the Lease: {e}");
+    assert!(matches!(e, TxnError::Fenced(_)), "not taken over without the Lease: {e}");
     assert!(e.to_string().contains("no longer holds the Lease"), "{e}");
     let seen = committed(&topic, 1).await;
     assert_eq!(seen, BTreeMap::from([("a".to_string(), 1)]), "only the committed event");
@@ -197,7 +197,7 @@ async fn a_fence_of_a_transaction_idle_since_its_begin_is_not_taken_for_the_brok
     let successor = init(&id, Arc::new(|| true)).await;
     send(&txn, &topic, &["b"]).await;
     let e = commit(&txn).await.expect_err("fenced by the successor");
-    assert!(matches!(e, TxnError::Fatal(_)), "a successor's fence is not taken over: {e}");
+    assert!(matches!(e, TxnError::Fenced(_)), "a successor's fence is not taken over: {e}");
     send(&successor, &topic, &["c"]).await;
     commit(&successor).await.expect("the successor commits");
     let seen = committed(&topic, 2).await;

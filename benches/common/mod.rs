@@ -357,6 +357,8 @@ pub async fn kubecast_paced(
                 create_topic: true,
                 transactional_id: name,
                 exactly_once: true,
+                replication_factor: None,
+                min_insync_replicas: None,
             };
             let store = KafkaStore::open(cfg, Owner::default()).await.expect("Kafka state store");
             k.attach(store.transaction().clone());

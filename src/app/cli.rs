@@ -26,11 +26,17 @@ pub enum Command {
         #[arg(long, short, env = "KUBECAST_CONFIG")]
         config: Option<PathBuf>,
     },
-    /// Validate the configuration without connecting to anything.
+    /// Validate the configuration without connecting to anything (with --connect: and look up
+    /// every destination it names).
     CheckConfig {
         /// TOML config file; without it the embedded defaults are checked.
         #[arg(long, short, env = "KUBECAST_CONFIG")]
         config: Option<PathBuf>,
+        /// Also connect to the apiserver and the broker and look up, without creating them,
+        /// the event topics or the streams of the event subjects, the dead-letter destination
+        /// and the state topic; exit 2 naming each problem.
+        #[arg(long)]
+        connect: bool,
     },
     /// See, reset, export and import the stored state of the streams (see docs/operations.md).
     State {

@@ -6,6 +6,7 @@
 //! Invariant: only this folder (and `main.rs`) knows every stage; nothing in `src/` imports it.
 
 mod active;
+pub mod connect_check;
 pub mod allocator;
 pub mod cli;
 mod error;

@@ -54,7 +54,24 @@ pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &A
 
 async fn nats_sample_subjects(config: &Config, client: &kube::Client, n: &NatsSink) -> Vec<String> {
     let mut out = Vec::new();
-    for rc in &config.resources {
+    for (i, fields) in sample_fields(config, client).await {
+        let rc = &config.resources[i];
+        let route = rc.subject.as_deref().map(|t| Template::parse(t).expect("validated"));
+        let subject = n.subject_for(route.as_ref(), &fields);
+        if !out.contains(&subject) {
+            out.push(subject);
+        }
+    }
+    out
+}
+
+/// For each `[[resources]]` entry (its index) whose kind the apiserver serves, the fields of
+/// sample events: each configured namespace (or `default` for a cluster-wide stream of a
+/// namespaced kind, none for a cluster-scoped kind), each verb. What destination templates
+/// are rendered with to name destinations before the first event.
+pub async fn sample_fields(config: &Config, client: &kube::Client) -> Vec<(usize, Fields)> {
+    let mut out = Vec::new();
+    for (i, rc) in config.resources.iter().enumerate() {
         let (group, version) = rc.group_version();
         let gvk = GroupVersionKind::gvk(group, version, &rc.kind);
         let Ok((ar, caps)) = kube::discovery::pinned_kind(client, &gvk).await else {
@@ -67,15 +84,10 @@ async fn nats_sample_subjects(config: &Config, client: &kube::Client, n: &NatsSi
         } else {
             vec![String::new()]
         };
-        let route = rc.subject.as_deref().map(|t| Template::parse(t).expect("validated"));
         let of_type = TypeFields::new(&config.cluster.name, &ar).intern();
         for namespace in namespaces {
             for verb in &rc.events {
-                let fields = Fields { of_type, namespace: namespace.clone(), verb: verb.as_str() };
-                let subject = n.subject_for(route.as_ref(), &fields);
-                if !out.contains(&subject) {
-                    out.push(subject);
-                }
+                out.push((i, Fields { of_type, namespace: namespace.clone(), verb: verb.as_str() }));
             }
         }
     }

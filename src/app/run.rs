@@ -59,6 +59,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     health.set_sink(sink.connected(), sink.unreachable_cause());
     check_nats_streams(config, &client, &sink).await?;
     check_dead_letter(config, &sink).await?;
+    // Kafka: every topic the config names, looked up (not created) and logged, in the
+    // background: a missing topic or permission is said before the first event.
+    tokio::spawn({
+        let (config, client, sink) = (config.clone(), client.clone(), sink.clone());
+        async move { super::connect_check::log_at_start(&config, &client, &sink).await }
+    });
 
     let cancel = shutdown.child_token();
     tokio::spawn(supervise::probe_apiserver(client.clone(), apiserver, health.clone(), cancel.clone()));

@@ -89,6 +89,8 @@ pub async fn open(
                     create_topic: c.kafka.create_topic,
                     transactional_id: transactional_id(config, keys),
                     exactly_once: sink.kafka().is_some_and(|k| k.exactly_once()),
+                    replication_factor: c.kafka.replication_factor,
+                    min_insync_replicas: c.kafka.min_insync_replicas,
                 };
                 KafkaStore::open(cfg, owner.clone()).await.map(|s| {
                     if let Some(k) = sink.kafka().filter(|k| k.exactly_once()) {

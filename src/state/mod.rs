@@ -64,6 +64,13 @@ pub struct KafkaStoreSettings {
     /// else `kubecast-state.<cluster>.<hash of the streams>`.
     #[serde(default)]
     pub transactional_id: Option<String>,
+    /// The replication factor of the topic kubecast creates. Default: the smaller of 3 and the
+    /// number of brokers.
+    #[serde(default)]
+    pub replication_factor: Option<u16>,
+    /// Its `min.insync.replicas`. Default: 2 with 3 replicas or more, else 1.
+    #[serde(default)]
+    pub min_insync_replicas: Option<u16>,
 }
 
 /// `[checkpoint.nats]`
@@ -95,6 +102,8 @@ impl Default for KafkaStoreSettings {
             brokers: None,
             properties: Default::default(),
             transactional_id: None,
+            replication_factor: None,
+            min_insync_replicas: None,
         }
     }
 }
@@ -152,6 +161,26 @@ impl CheckpointConfig {
                 "must be at least 1",
                 "set e.g. flush_interval_ms = 1000",
             ));
+        }
+        if self.kafka.replication_factor == Some(0) {
+            out.push(Problem::new(
+                "checkpoint.kafka.replication_factor",
+                "is 0",
+                "set at least 1 (3 where the cluster has 3 brokers or more), or remove it for the default",
+            ));
+        }
+        match (self.kafka.min_insync_replicas, self.kafka.replication_factor) {
+            (Some(0), _) => out.push(Problem::new(
+                "checkpoint.kafka.min_insync_replicas",
+                "is 0",
+                "set at least 1, or remove it for the default",
+            )),
+            (Some(isr), Some(rf)) if isr > rf => out.push(Problem::new(
+                "checkpoint.kafka.min_insync_replicas",
+                format!("is {isr}, above checkpoint.kafka.replication_factor ({rf}): no write of the state would ever succeed"),
+                format!("set at most {rf}"),
+            )),
+            _ => {}
         }
         if self.kafka.brokers.is_some() {
             out.extend(crate::sink::kafka::security::problems("checkpoint.kafka.properties", &self.kafka.properties));

@@ -130,6 +130,22 @@ impl KafkaSink {
         &self.config
     }
 
+    /// The topic of an event with `fields` (`route`: its resource's own template).
+    pub fn topic_for(&self, route: Option<&Template>, fields: &crate::model::Fields) -> String {
+        route.unwrap_or(&self.topic).render(fields, clean_topic_part)
+    }
+
+    /// Whether this producer lets a broker that creates topics on first use create a missing
+    /// one (librdkafka's `allow.auto.create.topics`, true for a producer unless set false).
+    pub fn may_auto_create(&self) -> bool {
+        self.config.get("allow.auto.create.topics").is_none_or(|v| v == "true")
+    }
+
+    /// ` as User:<name>` with SASL (the principal an ACL names), else nothing.
+    pub fn principal_words(&self) -> String {
+        self.principal()
+    }
+
     /// `[sink.kafka] exactly_once`.
     pub fn exactly_once(&self) -> bool {
         self.exactly_once

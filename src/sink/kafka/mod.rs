@@ -16,6 +16,7 @@ mod config;
 mod encode;
 mod limits;
 mod logging;
+pub mod lookup;
 mod producer;
 pub mod properties;
 mod rejected;

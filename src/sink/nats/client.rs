@@ -103,6 +103,22 @@ impl NatsSink {
         route.unwrap_or(&self.subject).render(fields, clean_subject_token)
     }
 
+    /// The JetStream stream that covers `subject`: `Ok(None)` when JetStream says none does,
+    /// `Err` when it cannot answer (or core NATS).
+    pub async fn stream_for(&self, subject: &str) -> Result<Option<String>, String> {
+        let Some(js) = &self.js else { return Err("core NATS (sink.nats.jetstream = false): no streams".into()) };
+        match js.stream_by_subject(subject).await {
+            Ok(name) => Ok(Some(name)),
+            Err(e) if e.kind() == jetstream::context::GetStreamByNameErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// `[sink.nats] create_stream`.
+    pub fn creates_stream(&self) -> bool {
+        self.create_stream
+    }
+
     /// Checks that a JetStream stream covers each subject; creates the configured stream when
     /// `create_stream = true` and one does not. `Err` names the subject and the fix.
     pub async fn ensure_streams(&self, subjects: &[String]) -> Result<(), SinkError> {

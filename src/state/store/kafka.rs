@@ -22,7 +22,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::error::CheckpointError;
 use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
@@ -44,6 +44,23 @@ pub struct KafkaStoreConfig {
     pub transactional_id: String,
     /// The sink's events go into the store's transaction (`[sink.kafka] exactly_once`).
     pub exactly_once: bool,
+    /// The created topic's replication factor (default: the smaller of 3 and the brokers).
+    pub replication_factor: Option<u16>,
+    /// Its `min.insync.replicas` (default: [`default_min_insync`]).
+    pub min_insync_replicas: Option<u16>,
+}
+
+/// The state topic's replication: `(replication factor, min.insync.replicas)`, each as
+/// configured or, by default, the smaller of 3 and `brokers` replicas, and 2 in-sync replicas
+/// with 3 replicas or more (one broker may be away), else 1.
+pub fn replication(brokers: usize, replication_factor: Option<u16>, min_insync: Option<u16>) -> (u16, u16) {
+    let rf = replication_factor.unwrap_or_else(|| u16::try_from(brokers.clamp(1, 3)).unwrap_or(3));
+    (rf, min_insync.unwrap_or(default_min_insync(rf)))
+}
+
+/// `min.insync.replicas` for `rf` replicas by default: one less than 3 with 3 or more, else 1.
+pub fn default_min_insync(rf: u16) -> u16 {
+    if rf >= 3 { 2 } else { 1 }
 }
 
 pub struct KafkaStore {
@@ -166,7 +183,19 @@ impl KafkaStore {
 /// The topic exists (or is created) and is compacted without deletion by age or size.
 async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
     let what = format!("Kafka state topic {}", cfg.topic);
-    if !topic_exists(cfg, &what).await? {
+    let layout = topic_layout(cfg, &what).await?;
+    if let Some(replicas) = layout.replicas
+        && replicas < 2
+        && layout.brokers > 1
+    {
+        warn!(
+            topic = %cfg.topic,
+            replicas,
+            brokers = layout.brokers,
+            "the Kafka state topic has a replication factor of 1 on a cluster of several brokers: losing that one broker's disk loses every stream's position (fix: raise its replication factor with kafka-reassign-partitions.sh, and set min.insync.replicas)"
+        );
+    }
+    if layout.replicas.is_none() {
         if !cfg.create_topic {
             return Err(broker(
                 &what,
@@ -175,13 +204,31 @@ async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
         }
         let admin = admin_client(cfg, &what)?;
         let opts = AdminOptions::new().request_timeout(Some(TIMEOUT)).operation_timeout(Some(TIMEOUT));
-        let topic = NewTopic::new(&cfg.topic, 1, TopicReplication::Fixed(-1))
+        let (rf, isr) = replication(layout.brokers, cfg.replication_factor, cfg.min_insync_replicas);
+        let isr_text = isr.to_string();
+        let topic = NewTopic::new(&cfg.topic, 1, TopicReplication::Fixed(i32::from(rf)))
             .set("cleanup.policy", "compact")
-            .set("min.cleanable.dirty.ratio", "0.1");
+            .set("min.cleanable.dirty.ratio", "0.1")
+            .set("min.insync.replicas", &isr_text);
         let created = admin.create_topics(&[topic], &opts).await.map_err(|e| broker(&what, e))?;
         match created.into_iter().next() {
-            Some(Ok(_)) => info!(topic = %cfg.topic, "Kafka state topic created (compacted, 1 partition)"),
+            Some(Ok(_)) => info!(
+                topic = %cfg.topic,
+                replication_factor = rf,
+                min_insync_replicas = isr,
+                brokers = layout.brokers,
+                "Kafka state topic created (compacted, 1 partition; [checkpoint.kafka] replication_factor and min_insync_replicas set others)"
+            ),
             Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) | None => {}
+            Some(Err((_, RDKafkaErrorCode::InvalidReplicationFactor))) => {
+                return Err(CheckpointError::Unusable {
+                    what,
+                    why: format!(
+                        "cannot be created with replication factor {rf}: the cluster has {} broker(s) (fix: set [checkpoint.kafka] replication_factor to at most that, or create the topic compacted yourself)",
+                        layout.brokers
+                    ),
+                });
+            }
             Some(Err((_, code))) => {
                 return Err(broker(
                     &what,
@@ -231,8 +278,15 @@ fn admin_client(cfg: &KafkaStoreConfig, what: &str) -> Result<AdminClient<LogCon
         .map_err(|e| broker(what, format!("admin client: {}", describe(&e))))
 }
 
-/// Whether the topic exists (a metadata request that never creates topics).
-async fn topic_exists(cfg: &KafkaStoreConfig, what: &str) -> Result<bool, CheckpointError> {
+/// What the cluster says of the state topic (a metadata request that never creates topics).
+struct Layout {
+    /// The topic's replication factor (its first partition's replicas); `None`: no such topic.
+    replicas: Option<usize>,
+    /// The brokers of the cluster.
+    brokers: usize,
+}
+
+async fn topic_layout(cfg: &KafkaStoreConfig, what: &str) -> Result<Layout, CheckpointError> {
     let mut cc = for_consumer(&cfg.client);
     cc.set("allow.auto.create.topics", "false").set("group.id", "kubecast-state-check");
     let consumer: BaseConsumer<LogContext> =
@@ -241,7 +295,12 @@ async fn topic_exists(cfg: &KafkaStoreConfig, what: &str) -> Result<bool, Checkp
     let what = what.to_string();
     tokio::task::spawn_blocking(move || {
         let md = consumer.fetch_metadata(Some(&topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
-        Ok(md.topics().iter().any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
+        let replicas = md
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.partitions()[0].replicas().len());
+        Ok(Layout { replicas, brokers: md.brokers().len() })
     })
     .await
     .expect("metadata task")
@@ -401,4 +460,20 @@ pub async fn scan(client: &ClientConfig, topic: &str) -> Result<Vec<super::recor
     })
     .await
     .expect("state scan task")
+}
+
+#[cfg(test)]
+mod replication_tests {
+    use super::replication;
+
+    #[test]
+    fn the_state_topic_is_replicated_as_the_cluster_allows_unless_set() {
+        assert_eq!(replication(1, None, None), (1, 1), "one broker: one replica");
+        assert_eq!(replication(2, None, None), (2, 1));
+        assert_eq!(replication(3, None, None), (3, 2), "one broker may be away");
+        assert_eq!(replication(6, None, None), (3, 2));
+        assert_eq!(replication(6, Some(5), None), (5, 2));
+        assert_eq!(replication(6, Some(5), Some(3)), (5, 3));
+        assert_eq!(replication(0, None, None), (1, 1), "no broker listed: one");
+    }
 }
