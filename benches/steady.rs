@@ -167,7 +167,8 @@ async fn steady(
 
     let (threads0, usage0) = (per_thread(), usage());
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
-    let mut downstream = pipeline.start_downstream(sink.clone(), items_rx, &kubecast::observe::health::Health::new(Vec::new()), &cancel);
+    let mut downstream =
+        pipeline.start_downstream(sink.clone(), items_rx, &kubecast::observe::health::Health::new(Vec::new()), &cancel);
     // The apiserver's connection: a watch response whose every line is written at its due
     // time (as its own chunk, as the apiserver flushes each event), from a thread of its own.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");

@@ -205,7 +205,12 @@ const BAD: &[BadCase] = &[
         "exactly-once with state-store properties of its own (the events would not go out with the sink's SASL)",
         "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"k:9092\"\nexactly_once = true\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_SSL\"\n\"sasl.mechanism\" = \"PLAIN\"\n\"sasl.username\" = \"u\"\n\"sasl.password\" = \"${env:HOME}\"\n[checkpoint]\nstore = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"k:9092\"\n[checkpoint.kafka.properties]\n\"compression.type\" = \"zstd\"\n[[resources]]\napi_version = \"v1\"\nkind = \"Pod\"",
         &[],
-        &["checkpoint.kafka.properties", "\"compression.type\"", "one producer", "move them to [sink.kafka.properties]"],
+        &[
+            "checkpoint.kafka.properties",
+            "\"compression.type\"",
+            "one producer",
+            "move them to [sink.kafka.properties]",
+        ],
     ),
     (
         "state-store properties without the state store's own brokers",

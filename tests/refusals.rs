@@ -27,8 +27,7 @@ const RATE: u64 = 10;
 const NAMES: usize = 8;
 /// Delivery settings that would dead-letter a failing event within seconds if the refusal were
 /// treated as the event's fault.
-const DELIVERY: &str =
-    "flush_interval_ms = 200\n[delivery]\nmax_attempts = 2\nmax_event_age_seconds = 3\nbackoff_min_ms = 100\nbackoff_max_ms = 500\n";
+const DELIVERY: &str = "flush_interval_ms = 200\n[delivery]\nmax_attempts = 2\nmax_event_age_seconds = 3\nbackoff_min_ms = 100\nbackoff_max_ms = 500\n";
 
 fn dead_letters(kc: &Kubecast) -> String {
     std::fs::read_to_string(kc.dir.path().join("state/dead-letter.jsonl")).unwrap_or_default()
@@ -89,10 +88,8 @@ async fn assert_resumed(mut kc: Kubecast, traffic: Traffic, reason: &str) {
 async fn create_topic(name: &str) {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
-    let r = admin
-        .create_topics(&[NewTopic::new(name, 2, TopicReplication::Fixed(1))], &AdminOptions::new())
-        .await
-        .unwrap();
+    let r =
+        admin.create_topics(&[NewTopic::new(name, 2, TopicReplication::Fixed(1))], &AdminOptions::new()).await.unwrap();
     r[0].as_ref().expect("topic created");
 }
 
@@ -112,7 +109,8 @@ async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_no
         common::env_var("KAFKA_BROKERS")
     );
     let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, DELIVERY, &[]);
-    let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
+    let traffic =
+        Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
     assert_held(&mut kc, &[&topic, "the topic does not exist", "fix: create the topic"], "missing_topic").await;
     // Said at start too, before the first event was refused: the look-up of every destination.
     kc.wait_log("a destination is not ready; its events will be held until it is fixed", 1).await;
@@ -137,15 +135,27 @@ fn kafka_acls(args: &[&str]) {
     );
 }
 
-/// The limited user's Write on `topic`, denied (`add`) or no longer denied.
-fn deny_write(topic: &str, add: bool) {
+/// Denies the limited user `operation` on `resource` (e.g. `["--topic", t]`) when `add`, or
+/// takes that denial back (which grants it: the broker allows what no ACL names).
+fn deny_limited(add: bool, operation: &str, resource: &[&str]) {
     let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
     let action = if add { "--add" } else { "--remove" };
-    let mut args = vec![action, "--deny-principal", &principal, "--operation", "Write", "--topic", topic];
+    let mut args = vec![action, "--deny-principal", &principal, "--operation", operation];
+    args.extend_from_slice(resource);
     if !add {
         args.push("--force");
     }
     kafka_acls(&args);
+}
+
+/// A Kafka sink on `topic` as the limited user over SASL (SCRAM-SHA-512), `extra` lines added
+/// to `[sink.kafka]`; the password from the environment variable `REFUSALS_TEST_KAFKA_PASSWORD`.
+fn limited_sink(topic: &str, extra: &str) -> String {
+    format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n{extra}[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
+        common::env_var("KAFKA_SASL_BROKERS"),
+        common::env_var("KAFKA_LIMITED_USER"),
+    )
 }
 
 #[tokio::test]
@@ -154,14 +164,10 @@ async fn a_kafka_topic_write_not_authorized_holds_the_stream_until_granted_and_l
     let ns = TestNamespace::new(&client, "refused-acl").await;
     let topic = common::unique("acl");
     create_topic(&topic).await;
-    deny_write(&topic, true);
+    deny_limited(true, "Write", &["--topic", &topic]);
     // The limited user over SASL (SCRAM-SHA-512): allowed what no ACL names, denied Write on
     // this topic.
-    let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
-        common::env_var("KAFKA_SASL_BROKERS"),
-        common::env_var("KAFKA_LIMITED_USER"),
-    );
+    let sink = limited_sink(&topic, "");
     let password = common::env_var("KAFKA_LIMITED_PASSWORD");
     let mut kc = Kubecast::start_with_sink(
         &common::cm_config(&ns.name, ""),
@@ -169,10 +175,12 @@ async fn a_kafka_topic_write_not_authorized_holds_the_stream_until_granted_and_l
         DELIVERY,
         &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())],
     );
-    let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
+    let traffic =
+        Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
     let principal = format!("as User:{}", common::env_var("KAFKA_LIMITED_USER"));
-    assert_held(&mut kc, &[&topic, &principal, "may not write to the topic", "kafka-acls"], "topic_not_authorized").await;
-    deny_write(&topic, false);
+    assert_held(&mut kc, &[&topic, &principal, "may not write to the topic", "kafka-acls"], "topic_not_authorized")
+        .await;
+    deny_limited(false, "Write", &["--topic", &topic]);
     assert!(!kc.log().contains(&password), "the password leaked into the log");
     assert_resumed(kc, traffic, "topic_not_authorized").await;
 }
@@ -204,8 +212,12 @@ async fn a_nats_subject_no_stream_covers_holds_the_stream_until_a_stream_does_an
     let source = Source::Nats { url: common::env_var("NATS_URL"), stream: name.clone() };
     let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), source, NAMES, RATE);
     let subject = format!("{prefix}.{}.", ns.name);
-    assert_held(&mut kc, &[&subject, "no JetStream stream covers the subject", "fix: add the subject"], "missing_stream")
-        .await;
+    assert_held(
+        &mut kc,
+        &[&subject, "no JetStream stream covers the subject", "fix: add the subject"],
+        "missing_stream",
+    )
+    .await;
     let deadline = Instant::now() + WAIT;
     loop {
         let mut s = js.get_stream(&name).await.unwrap();
@@ -221,17 +233,6 @@ async fn a_nats_subject_no_stream_covers_holds_the_stream_until_a_stream_does_an
     let _ = js.delete_stream(&name).await;
 }
 
-/// The limited user's Write on transactional id `id`, denied (`add`) or no longer denied.
-fn deny_transactional_id(id: &str, add: bool) {
-    let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
-    let action = if add { "--add" } else { "--remove" };
-    let mut args = vec![action, "--deny-principal", &principal, "--operation", "Write", "--transactional-id", id];
-    if !add {
-        args.push("--force");
-    }
-    kafka_acls(&args);
-}
-
 /// Exactly-once, the state store's `transactional.id` not granted: a set-up mistake, not
 /// another owner. The process stays up, not ready, naming the transactional.id and the fix,
 /// writes nothing and publishes nothing (its streams start once the store is open); once
@@ -243,16 +244,13 @@ async fn a_transactional_id_not_authorized_is_not_read_as_fencing_and_resumes_on
     let ns = TestNamespace::new(&client, "refused-txn").await;
     let (topic, state, id) = (common::unique("eos-acl"), common::unique("eos-acl-state"), common::unique("txn"));
     create_topic(&topic).await;
-    deny_transactional_id(&id, true);
+    deny_limited(true, "Write", &["--transactional-id", &id]);
     let existing = common::names("before", 0..3);
     common::create_cms(&client, &ns.name, &existing).await;
-    let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nexactly_once = true\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
-        common::env_var("KAFKA_SASL_BROKERS"),
-        common::env_var("KAFKA_LIMITED_USER"),
+    let sink = limited_sink(&topic, "exactly_once = true\n");
+    let checkpoint = format!(
+        "store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\ntransactional_id = \"{id}\"\n"
     );
-    let checkpoint =
-        format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\ntransactional_id = \"{id}\"\n");
     let password = common::env_var("KAFKA_LIMITED_PASSWORD");
     let mut kc = Kubecast::start_with_sink(
         &common::cm_config(&ns.name, ""),
@@ -265,16 +263,17 @@ async fn a_transactional_id_not_authorized_is_not_read_as_fencing_and_resumes_on
     kc.wait_log("state store refused (a set-up mistake)", 2).await;
     let (status, body) = kc.admin_get("/readyz").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains(&id) && body.contains("--transactional-id") && body.contains("no other kubecast owns the state"), "{body}");
+    assert!(
+        body.contains(&id) && body.contains("--transactional-id") && body.contains("no other kubecast owns the state"),
+        "{body}"
+    );
     assert!(kc.exited().is_none(), "kubecast stays up:\n{}", kc.log());
     assert!(!kc.log().contains("another kubecast process owns the state"), "{}", kc.log());
-    assert!(
-        common::topic::read_if_any(&topic, true).is_empty(),
-        "nothing committed while the store cannot be opened"
-    );
-    deny_transactional_id(&id, false);
+    assert!(common::topic::read_if_any(&topic, true).is_empty(), "nothing committed while the store cannot be opened");
+    deny_limited(false, "Write", &["--transactional-id", &id]);
     kc.wait_ready(200).await;
-    let source = Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: true };
+    let source =
+        Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: true };
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     let traffic = Traffic::start_after(&api, source, NAMES, RATE, existing.len(), WAIT).await;
     assert!(traffic.flowing(2 * NAMES, WAIT).await, "changes are committed:\n{}", kc.log());
@@ -326,7 +325,10 @@ async fn check_config_connect_names_every_missing_or_refused_destination() {
     assert_eq!(code, 2, "exit {code}\n{out}\n{err}");
     for topic in [&events, &dead] {
         let line = finding(&out, topic);
-        assert!(line.starts_with("problem:") && line.contains("does not exist") && line.contains("fix: create"), "{line}");
+        assert!(
+            line.starts_with("problem:") && line.contains("does not exist") && line.contains("fix: create"),
+            "{line}"
+        );
     }
     let state = finding(&out, "-state");
     assert!(state.starts_with("ok:") && state.contains("kubecast creates it"), "{state}");
@@ -338,19 +340,12 @@ async fn check_config_connect_names_every_missing_or_refused_destination() {
     create_topic(&events).await;
     create_topic(&dead).await;
     let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
-    let deny = |action: &'static str| {
-        let mut args = vec![action, "--deny-principal", &principal, "--operation", "Describe", "--topic", &events];
-        if action == "--remove" {
-            args.push("--force");
-        }
-        kafka_acls(&args);
-    };
-    deny("--add");
+    deny_limited(true, "Describe", &["--topic", &events]);
     let (code, out, err) = check_connect(&kafka);
     assert_eq!(code, 2, "exit {code}\n{out}\n{err}");
     let line = finding(&out, &events);
     assert!(line.starts_with("problem:") && line.contains(&principal) && line.contains("kafka-acls"), "{line}");
-    deny("--remove");
+    deny_limited(false, "Describe", &["--topic", &events]);
     let (code, out, err) = check_connect(&kafka);
     assert_eq!(code, 0, "exit {code}\n{out}\n{err}");
     assert!(out.lines().any(|l| l.starts_with("ok:") && l.contains(events.as_str()) && l.contains("exists")), "{out}");
@@ -364,7 +359,8 @@ async fn check_config_connect_names_every_missing_or_refused_destination() {
     let (code, out, err) = check_connect(&nats);
     assert_eq!(code, 2, "exit {code}\n{out}\n{err}");
     assert!(
-        out.lines().any(|l| l.starts_with("problem:") && l.contains(".default") && l.contains("no JetStream stream covers")),
+        out.lines()
+            .any(|l| l.starts_with("problem:") && l.contains(".default") && l.contains("no JetStream stream covers")),
         "{out}"
     );
 }
@@ -378,36 +374,16 @@ async fn sharded_with_the_transactional_ids_refused_holds_its_shards_not_ready_u
     let ns = TestNamespace::new(&client, "refused-shards").await;
     let (topic, state, id) = (common::unique("eos-shards"), common::unique("eos-shards-state"), common::unique("txns"));
     create_topic(&topic).await;
-    let principal = format!("User:{}", common::env_var("KAFKA_LIMITED_USER"));
-    let acl = |action: &'static str| {
-        let mut args = vec![
-            action,
-            "--deny-principal",
-            &principal,
-            "--operation",
-            "Write",
-            "--resource-pattern-type",
-            "prefixed",
-            "--transactional-id",
-            &id,
-        ];
-        if action == "--remove" {
-            args.push("--force");
-        }
-        kafka_acls(&args);
-    };
-    acl("--add");
+    deny_limited(true, "Write", &["--resource-pattern-type", "prefixed", "--transactional-id", &id]);
     let config = common::lease_cm_config(&ns.name, &common::unique("lease"))
         .replace("enabled = true\n", "enabled = true\nshards = 2\n");
-    let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nexactly_once = true\n[sink.kafka.properties]\n\"security.protocol\" = \"SASL_PLAINTEXT\"\n\"sasl.mechanism\" = \"SCRAM-SHA-512\"\n\"sasl.username\" = \"{}\"\n\"sasl.password\" = \"${{env:REFUSALS_TEST_KAFKA_PASSWORD}}\"\n",
-        common::env_var("KAFKA_SASL_BROKERS"),
-        common::env_var("KAFKA_LIMITED_USER"),
+    let sink = limited_sink(&topic, "exactly_once = true\n");
+    let checkpoint = format!(
+        "store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\ntransactional_id = \"{id}\"\n"
     );
-    let checkpoint =
-        format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\ntransactional_id = \"{id}\"\n");
     let password = common::env_var("KAFKA_LIMITED_PASSWORD");
-    let mut kc = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())]);
+    let mut kc =
+        Kubecast::start_with_sink(&config, &sink, &checkpoint, &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())]);
     // Both shards taken and refused, each said on /readyz.
     let deadline = Instant::now() + WAIT;
     loop {
@@ -430,7 +406,7 @@ async fn sharded_with_the_transactional_ids_refused_holds_its_shards_not_ready_u
         assert!(!kc.log().contains(churn), "{churn}:\n{}", kc.log());
     }
     assert!(!kc.log().contains("another kubecast process owns the state"), "{}", kc.log());
-    acl("--remove");
+    deny_limited(false, "Write", &["--resource-pattern-type", "prefixed", "--transactional-id", &id]);
     kc.wait_ready(200).await;
     create_cm(&client, &ns.name, "after", serde_json::json!({}), serde_json::json!({"v": "1"})).await;
     let deadline = Instant::now() + WAIT;

@@ -377,7 +377,8 @@ pub async fn kubecast_paced(
     let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
     // Tasks of the runtime, as in the binary: its two workers run everything, the thread
     // blocked on the benchmark's main future stays idle.
-    let mut downstream = pipeline.start_downstream(sink, items_rx, &kubecast::observe::health::Health::new(Vec::new()), &cancel);
+    let mut downstream =
+        pipeline.start_downstream(sink, items_rx, &kubecast::observe::health::Health::new(Vec::new()), &cancel);
     let reflector = tokio::spawn(async move {
         let mut tick = pace.map(|p| {
             let mut t = tokio::time::interval(std::time::Duration::from_secs(1) / p.max(1));

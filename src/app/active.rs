@@ -53,7 +53,9 @@ pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Resu
     let Held { epoch, writer, keeper: mut lease, stop: lease_stop, lost: lease_lost, tenure } = held;
     // The state, opened and read only by the active process, and only while it holds the
     // Lease: abandoned as soon as the keeper reports it lost.
-    match leadership::while_held(&mut lease, open_state(&mut pipeline, client, &sink, epoch, writer, health, &cancel)).await {
+    match leadership::while_held(&mut lease, open_state(&mut pipeline, client, &sink, epoch, writer, health, &cancel))
+        .await
+    {
         Ok(true) => {}
         Ok(false) => {
             info!("stopped before the state store could be opened");

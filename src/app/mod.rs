@@ -6,9 +6,9 @@
 //! Invariant: only this folder (and `main.rs`) knows every stage; nothing in `src/` imports it.
 
 mod active;
-pub mod connect_check;
 pub mod allocator;
 pub mod cli;
+pub mod connect_check;
 mod error;
 pub mod leadership;
 mod preflight;
