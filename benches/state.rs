@@ -95,7 +95,7 @@ impl Place {
             }
             Kind::Nats => {
                 let client = async_nats::connect(self.env["NATS_URL"].as_str()).await?;
-                let cfg = NatsStoreConfig { client, bucket: self.name.clone(), create_bucket: true };
+                let cfg = NatsStoreConfig { client, bucket: self.name.clone(), create_bucket: true, replicas: None };
                 Store::Nats(Arc::new(NatsStore::open(cfg, owner).await?))
             }
         })

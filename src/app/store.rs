@@ -102,8 +102,12 @@ pub async fn open(
             // A server that cannot be reached (`[checkpoint.nats] url`) is retried too.
             StoreKind::Nats => match nats_client(config, sink).await {
                 Ok(client) => {
-                    let cfg =
-                        NatsStoreConfig { client, bucket: c.nats.bucket.clone(), create_bucket: c.nats.create_bucket };
+                    let cfg = NatsStoreConfig {
+                        client,
+                        bucket: c.nats.bucket.clone(),
+                        create_bucket: c.nats.create_bucket,
+                        replicas: c.nats.replicas,
+                    };
                     NatsStore::open(cfg, owner.clone()).await.map(|s| Store::Nats(s.into()))
                 }
                 Err(e) => Err(e),

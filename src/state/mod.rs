@@ -85,6 +85,10 @@ pub struct NatsStoreSettings {
     /// Default: the sink's connection (`sink.nats`).
     #[serde(default)]
     pub url: Option<String>,
+    /// The replicas of the bucket kubecast creates. Default: the smaller of 3 and the servers
+    /// of the cluster, 1 outside a cluster.
+    #[serde(default)]
+    pub replicas: Option<usize>,
 }
 
 fn default_state_name() -> String {
@@ -110,7 +114,7 @@ impl Default for KafkaStoreSettings {
 
 impl Default for NatsStoreSettings {
     fn default() -> Self {
-        Self { bucket: default_state_name(), create_bucket: true, url: None }
+        Self { bucket: default_state_name(), create_bucket: true, url: None, replicas: None }
     }
 }
 
@@ -160,6 +164,13 @@ impl CheckpointConfig {
                 "checkpoint.flush_interval_ms",
                 "must be at least 1",
                 "set e.g. flush_interval_ms = 1000",
+            ));
+        }
+        if self.nats.replicas.is_some_and(|r| !(1..=5).contains(&r)) {
+            out.push(Problem::new(
+                "checkpoint.nats.replicas",
+                format!("is {}; JetStream keeps 1 to 5 replicas", self.nats.replicas.unwrap_or_default()),
+                "set 1 to 5 (3 in a cluster of 3 servers or more), or remove it for the default",
             ));
         }
         if self.kafka.replication_factor == Some(0) {

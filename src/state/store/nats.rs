@@ -43,6 +43,15 @@ pub struct NatsStoreConfig {
     pub client: async_nats::Client,
     pub bucket: String,
     pub create_bucket: bool,
+    /// The created bucket's replicas (default: [`default_replicas`]).
+    pub replicas: Option<usize>,
+}
+
+/// The replicas of a bucket kubecast creates by default: the smaller of 3 and the servers of
+/// the cluster the connection's server belongs to (`connect_urls` lists them), 1 for a server
+/// outside a cluster.
+pub fn default_replicas(clustered: bool, servers: usize) -> usize {
+    if clustered { servers.clamp(1, 3) } else { 1 }
 }
 
 /// A stream's position record as this process last wrote or read it.
@@ -96,16 +105,22 @@ impl NatsStore {
         match js.get_key_value(&cfg.bucket).await {
             Ok(_) => {}
             Err(e) if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket && cfg.create_bucket => {
+                let info = cfg.client.server_info();
+                let replicas =
+                    cfg.replicas.unwrap_or_else(|| default_replicas(info.cluster.is_some(), info.connect_urls.len()));
                 js.create_key_value(kv::Config {
                     bucket: cfg.bucket.clone(),
                     description: "kubecast stream positions".into(),
                     history: 1,
                     storage: stream::StorageType::File,
+                    num_replicas: replicas,
                     ..Default::default()
                 })
                 .await
-                .map_err(|e| broker(&what, format!("cannot be created: {e} (fix: create it, or allow kubecast to)")))?;
-                info!(bucket = %cfg.bucket, "NATS state bucket created");
+                .map_err(|e| {
+                    broker(&what, format!("cannot be created with {replicas} replica(s): {e} (fix: create it, allow kubecast to, or set [checkpoint.nats] replicas to at most the cluster's JetStream servers)"))
+                })?;
+                info!(bucket = %cfg.bucket, replicas, "NATS state bucket created ([checkpoint.nats] replicas sets another count)");
             }
             Err(e) if e.kind() == jetstream::context::KeyValueErrorKind::GetBucket => {
                 return Err(broker(
@@ -452,4 +467,17 @@ async fn each_latest(
         each(k, deleted, &m)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod replica_tests {
+    #[test]
+    fn a_created_bucket_has_up_to_three_replicas_in_a_cluster_and_one_outside() {
+        use super::default_replicas;
+        assert_eq!(default_replicas(false, 0), 1);
+        assert_eq!(default_replicas(false, 5), 1, "a server outside a cluster keeps one copy");
+        assert_eq!(default_replicas(true, 0), 1);
+        assert_eq!(default_replicas(true, 2), 2);
+        assert_eq!(default_replicas(true, 5), 3);
+    }
 }
