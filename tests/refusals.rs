@@ -119,6 +119,34 @@ async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_no
     assert_resumed(kc, traffic, "missing_topic").await;
 }
 
+/// Before any event: a missing topic that every event of the stream would go to is looked up
+/// at start, logged and named on `/readyz`; once created, the next look-up finds it and the
+/// process is ready.
+#[tokio::test]
+async fn a_missing_topic_is_named_on_readyz_before_the_first_event() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-start").await;
+    let topic = common::unique("missing-start");
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    // A selector nothing matches: no event at all.
+    let config = common::cm_config(&ns.name, "") + "label_selector = \"kubecast-test=nothing\"\n";
+    let mut kc = Kubecast::start_with_sink(&config, &sink, "", &[]);
+    kc.wait_ready_reason("destination: Kafka event topic").await;
+    let (status, body) = kc.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains(&topic) && body.contains("does not exist") && body.contains("fix: create the topic"),
+        "{body}"
+    );
+    assert!(!body.contains("refuses every event"), "no event was sent: {body}");
+    create_topic(&topic).await;
+    kc.wait_ready(200).await;
+    assert!(kc.stop().success(), "{}", kc.log());
+}
+
 /// `tests/env/kafka-acls` with `args` against the test broker (as its super user).
 fn kafka_acls(args: &[&str]) {
     let tool = common::env::repo_root().join("tests/env/kafka-acls");

@@ -17,6 +17,7 @@ use super::preflight::sample_fields;
 use crate::config::Config;
 use crate::delivery::DeadLetterType;
 use crate::model::Refusal;
+use crate::observe::health::Health;
 use crate::sink::kafka::lookup::{TopicState, any_broker, broker_auto_creates, lookup_topics};
 use crate::sink::template::Template;
 use crate::sink::{KafkaSink, NatsSink, Sink, SinkType};
@@ -29,14 +30,17 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 pub struct Finding {
     pub problem: bool,
     pub text: String,
+    /// About a destination events will surely go to (not one rendered for a sample namespace
+    /// of a cluster-wide stream, which may never see an event): what readiness reports.
+    pub certain: bool,
 }
 
 impl Finding {
     fn problem(text: String) -> Self {
-        Self { problem: true, text }
+        Self { problem: true, text, certain: true }
     }
     fn note(text: String) -> Self {
-        Self { problem: false, text }
+        Self { problem: false, text, certain: true }
     }
 }
 
@@ -68,21 +72,28 @@ pub async fn destinations(config: &Config, client: &kube::Client, sink: &Sink) -
         .flatten();
     if let Some(k) = sink.kafka() {
         let mut topics: Vec<(String, &'static str)> = Vec::new();
+        let mut sampled = Vec::new();
         for (i, fields) in &samples {
             let route = config.resources[*i].route(SinkType::Kafka).map(|t| Template::parse(t).expect("validated"));
             let topic = k.topic_for(route.as_ref(), fields);
             if !topics.iter().any(|(t, _)| *t == topic) {
+                // A cluster-wide stream's topic that names the namespace: only a sample.
+                let other = crate::model::Fields { namespace: "kubecast-sample-namespace".into(), ..fields.clone() };
+                sampled
+                    .push(config.resources[*i].namespaces.is_empty() && k.topic_for(route.as_ref(), &other) != topic);
                 topics.push((topic, "event topic"));
             }
         }
         if let Some(d) = dead_letter {
             topics.push((d, "dead-letter topic ([delivery.dead_letter] destination)"));
+            sampled.push(false);
         }
         let state_here = config.checkpoint.store == StoreKind::Kafka && config.checkpoint.kafka.brokers.is_none();
         if state_here {
             topics.push((config.checkpoint.kafka.topic.clone(), "state topic ([checkpoint.kafka] topic)"));
+            sampled.push(false);
         }
-        findings.extend(kafka_topics(config, k, &topics).await);
+        findings.extend(kafka_topics(config, k, &topics, &sampled).await);
     } else if let Some(n) = sink.nats() {
         let mut subjects: Vec<(String, &'static str)> = Vec::new();
         if n.jetstream() {
@@ -102,7 +113,12 @@ pub async fn destinations(config: &Config, client: &kube::Client, sink: &Sink) -
     findings
 }
 
-async fn kafka_topics(config: &Config, k: &KafkaSink, topics: &[(String, &'static str)]) -> Vec<Finding> {
+async fn kafka_topics(
+    config: &Config,
+    k: &KafkaSink,
+    topics: &[(String, &'static str)],
+    sampled: &[bool],
+) -> Vec<Finding> {
     let names: Vec<String> = topics.iter().map(|(t, _)| t.clone()).collect();
     let cc = k.client_config().clone();
     let looked = tokio::task::spawn_blocking(move || lookup_topics(&cc, &names, TIMEOUT)).await.expect("lookup task");
@@ -124,8 +140,9 @@ async fn kafka_topics(config: &Config, k: &KafkaSink, topics: &[(String, &'stati
     };
     let principal = k.principal_words();
     let mut out = Vec::new();
-    for ((topic, what), (_, state)) in topics.iter().zip(states) {
+    for (((topic, what), (_, state)), sampled) in topics.iter().zip(states).zip(sampled) {
         let state_topic = what.starts_with("state");
+        let before = out.len();
         match state {
             TopicState::Exists { replicas } => {
                 out.push(Finding::note(format!("Kafka {what} {topic:?} exists ({replicas} replica(s))")));
@@ -154,6 +171,9 @@ async fn kafka_topics(config: &Config, k: &KafkaSink, topics: &[(String, &'stati
                 r.fix()
             ))),
             TopicState::Error(e) => out.push(Finding::problem(format!("Kafka {what} {topic:?}: the broker answered {e}"))),
+        }
+        for f in &mut out[before..] {
+            f.certain = !sampled;
         }
     }
     out
@@ -190,17 +210,41 @@ async fn nats_subjects(n: &NatsSink, subjects: &[(String, &'static str)]) -> Vec
     out
 }
 
-/// At start of `run`: the same look-ups, logged (problems as warnings, before the first event).
-pub async fn log_at_start(config: &Config, client: &kube::Client, sink: &Sink) {
+/// How often the look-ups are made again while a destination is not ready.
+const AGAIN: Duration = Duration::from_secs(15);
+
+/// At start of `run` (Kafka sink; NATS streams are checked by `preflight`): the same look-ups,
+/// logged before the first event (problems as warnings). The problems with destinations events
+/// will surely go to make `health` not ready; they are looked up again every 15 s until none
+/// is left (the operator created the topic or granted the permission).
+pub async fn watch_at_start(config: &Config, client: &kube::Client, sink: &Sink, health: &Health) {
     if sink.kafka().is_none() {
-        return; // NATS: the streams are checked at start already (preflight); stdout, file: nothing to look up
+        return;
     }
-    let findings = destinations(config, client, sink).await;
-    for f in &findings {
-        if f.problem {
-            warn!(problem = %f.text, "a destination is not ready; its events will be held until it is fixed");
-        } else {
-            info!("{}", f.text);
+    let mut said = Vec::new();
+    loop {
+        let findings = destinations(config, client, sink).await;
+        for f in &findings {
+            if said.contains(&f.text) {
+                continue;
+            }
+            if f.problem {
+                warn!(problem = %f.text, "a destination is not ready; its events will be held until it is fixed");
+            } else {
+                info!("{}", f.text);
+            }
+            said.push(f.text.clone());
         }
+        let problems: Vec<String> = findings
+            .into_iter()
+            .filter(|f| f.problem && f.certain)
+            .map(|f| format!("destination: {} (looked up at start, again every {} s)", f.text, AGAIN.as_secs()))
+            .collect();
+        let done = problems.is_empty();
+        health.set_destination_problems(problems);
+        if done {
+            return;
+        }
+        tokio::time::sleep(AGAIN).await;
     }
 }

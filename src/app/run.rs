@@ -60,10 +60,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     check_nats_streams(config, &client, &sink).await?;
     check_dead_letter(config, &sink).await?;
     // Kafka: every topic the config names, looked up (not created) and logged, in the
-    // background: a missing topic or permission is said before the first event.
+    // background: a missing topic or permission is said before the first event, and not ready
+    // until it is fixed.
     tokio::spawn({
-        let (config, client, sink) = (config.clone(), client.clone(), sink.clone());
-        async move { super::connect_check::log_at_start(&config, &client, &sink).await }
+        let (config, client, sink, health) = (config.clone(), client.clone(), sink.clone(), health.clone());
+        async move { super::connect_check::watch_at_start(&config, &client, &sink, &health).await }
     });
 
     let cancel = shutdown.child_token();

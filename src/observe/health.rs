@@ -46,6 +46,8 @@ pub struct Health {
     shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
     /// Destinations that refuse every event (a set-up mistake), held by the delivery queue.
     refusals: Arc<Refusals>,
+    /// Destinations looked up at start that are missing or refused, until they are not.
+    destinations: Mutex<Vec<String>>,
     /// Why the state store cannot be used, while it cannot: opening it is refused for a set-up
     /// reason (a missing ACL), or (exactly-once) no commit succeeded for too long (the events
     /// sent meanwhile are invisible to `read_committed` consumers).
@@ -76,6 +78,7 @@ impl Health {
             shards: Mutex::new(BTreeMap::new()),
             refusals: Arc::default(),
             state: Mutex::new(None),
+            destinations: Mutex::new(Vec::new()),
         })
     }
 
@@ -88,6 +91,11 @@ impl Health {
     /// no commit succeeded for too long); `None` once it can.
     pub fn set_state_problem(&self, reason: Option<String>) {
         *self.state.lock().expect("health lock") = reason;
+    }
+
+    /// The destinations looked up at start that are missing or refused (empty: none).
+    pub fn set_destination_problems(&self, problems: Vec<String>) {
+        *self.destinations.lock().expect("health lock") = problems;
     }
 
     /// Why the state store cannot be used, if it cannot.
@@ -184,6 +192,7 @@ impl Health {
             }
         }
         out.extend(self.refusals.describe());
+        out.extend(self.destinations.lock().expect("health lock").iter().cloned());
         out.extend(self.state.lock().expect("health lock").clone());
         out.extend(self.stalls.lock().expect("health lock").iter().flatten().cloned());
         for (shard, health) in self.shards.lock().expect("health lock").iter() {
