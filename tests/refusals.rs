@@ -97,6 +97,15 @@ fn kafka_source(topic: &str) -> Source {
     Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.into(), read_committed: false }
 }
 
+/// A Kafka sink on `topic` whose producer never lets the broker create a missing topic (as with
+/// a broker whose auto.create.topics.enable is false), `extra` lines added to its properties.
+fn no_auto_create_sink(topic: &str, extra: &str) -> String {
+    format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n{extra}",
+        common::env_var("KAFKA_BROKERS")
+    )
+}
+
 #[tokio::test]
 async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_nothing() {
     let client = client().await;
@@ -104,10 +113,7 @@ async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_no
     let topic = common::unique("missing");
     // The test broker creates topics on first use; this producer asks it not to, as a broker
     // with auto.create.topics.enable=false does.
-    let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\"topic.metadata.propagation.max.ms\" = \"1000\"\n",
-        common::env_var("KAFKA_BROKERS")
-    );
+    let sink = no_auto_create_sink(&topic, "\"topic.metadata.propagation.max.ms\" = \"1000\"\n");
     let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, DELIVERY, &[]);
     let traffic =
         Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
@@ -127,10 +133,7 @@ async fn a_missing_topic_is_named_on_readyz_before_the_first_event() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "refused-start").await;
     let topic = common::unique("missing-start");
-    let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\n[sink.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n",
-        common::env_var("KAFKA_BROKERS")
-    );
+    let sink = no_auto_create_sink(&topic, "");
     // A selector nothing matches: no event at all.
     let config = common::cm_config(&ns.name, "") + "label_selector = \"kubecast-test=nothing\"\n";
     let mut kc = Kubecast::start_with_sink(&config, &sink, "", &[]);
