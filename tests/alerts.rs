@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 use common::{Kubecast, TestNamespace, client, create_cm};
 use serde_json::{Value, json};
 
-const ALERTS: [&str; 7] = [
+const ALERTS: [&str; 8] = [
     "KubecastStreamStalled",
     "KubecastCheckpointTooOld",
+    "KubecastExactlyOnceCommitsFailing",
     "KubecastDeadLetters",
     "KubecastSinkDisconnected",
     "KubecastSinkRefused",
@@ -550,7 +551,7 @@ fn uses() -> Vec<(String, BTreeSet<String>, Vec<String>)> {
 }
 
 /// Every metric name the alerts and the dashboard's queries use is in the `/metrics` of a
-/// running kubecast (Kafka sink, `[coordination]` on, a stream that has listed and published),
+/// running kubecast (Kafka sink with exactly-once, `[coordination]` on, a stream that has listed and published),
 /// with every label they group by or show; none is made up.
 #[tokio::test(flavor = "multi_thread")]
 async fn every_metric_and_label_the_alerts_and_the_dashboard_use_is_exposed_by_kubecast() {
@@ -574,12 +575,14 @@ async fn every_metric_and_label_the_alerts_and_the_dashboard_use_is_exposed_by_k
     let client = client().await;
     let ns = TestNamespace::new(&client, "alerts").await;
     let config = common::lease_cm_config(&ns.name, &common::unique("lease"));
+    // Exactly-once (the Kafka store): its commit gauge too.
     let sink = format!(
-        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{}\"\n",
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{}\"\nexactly_once = true\n",
         common::env_var("KAFKA_BROKERS"),
         common::unique("alerts")
     );
-    let mut kc = Kubecast::start_with_sink(&config, &sink, "", &[]);
+    let state = format!("store = \"kafka\"\n[checkpoint.kafka]\ntopic = \"{}\"\n", common::unique("alerts-state"));
+    let mut kc = Kubecast::start_with_sink(&config, &sink, &state, &[]);
     kc.wait_log("holding the lease", 1).await;
     kc.wait_log("list complete", 1).await;
     create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;

@@ -64,6 +64,11 @@ pub struct Reason {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransactionalId {
+    pub transactional_id: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Build {
     pub version: &'static str,
 }
@@ -81,6 +86,7 @@ pub struct Metrics {
     pub in_flight: Gauge,
     pub publish_latency: Histogram,
     pub checkpoint_age: Family<Stream, Gauge<f64, AtomicU64>>,
+    pub commit_failing: Family<TransactionalId, Gauge<f64, AtomicU64>>,
     pub checkpoint_lag: Family<Stream, Gauge>,
     pub stream_stalled: Family<Stream, Gauge>,
     pub leader: Gauge,
@@ -130,6 +136,7 @@ impl Metrics {
             in_flight: Gauge::default(),
             publish_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             checkpoint_age: Family::default(),
+            commit_failing: Family::default(),
             checkpoint_lag: Family::default(),
             stream_stalled: Family::default(),
             leader: Gauge::default(),
@@ -181,6 +188,12 @@ impl Metrics {
             "Time since the stream's checkpoint was last written",
             Unit::Seconds,
             m.checkpoint_age.clone(),
+        );
+        r.register_with_unit(
+            "exactly_once_commit_failing",
+            "Exactly-once: time since the last commit of the transactional.id succeeded, while its commits fail (0 while they succeed); the events sent meanwhile are invisible to read_committed consumers",
+            Unit::Seconds,
+            m.commit_failing.clone(),
         );
         r.register(
             "checkpoint_lag",

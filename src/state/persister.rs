@@ -65,6 +65,16 @@ pub fn commit_alarm(every: Duration) -> Duration {
     (every * 3).max(Duration::from_secs(30))
 }
 
+/// Removes the commit-failing gauge of a `transactional.id` when dropped.
+struct ForgetGauge(String);
+
+impl Drop for ForgetGauge {
+    fn drop(&mut self) {
+        let label = crate::observe::metrics::TransactionalId { transactional_id: std::mem::take(&mut self.0) };
+        crate::observe::metrics::get().commit_failing.remove(&label);
+    }
+}
+
 /// Runs until `cancel` fires; `Err` when the store refuses this process for good (fenced by
 /// a newer owner, another cluster's state). Exactly-once: while no commit has succeeded for
 /// [`commit_alarm`], `health` says so with the last error (the events sent meanwhile are
@@ -84,6 +94,15 @@ pub async fn run(
     let soon = store.commit_soon().unwrap_or_default();
     let exactly_once = store.gate().is_some();
     let alarm = commit_alarm(every);
+    // Exactly-once: how long commits have failed, for `kubecast_exactly_once_commit_failing_seconds`.
+    let failing_gauge = store.exactly_once_id().map(|id| {
+        let label = crate::observe::metrics::TransactionalId { transactional_id: id.to_string() };
+        let g = crate::observe::metrics::get().commit_failing.get_or_create(&label).clone();
+        g.set(0.0);
+        g
+    });
+    // Gone with this persister (a shard given up): another replica reports it now.
+    let _forget = store.exactly_once_id().map(|id| ForgetGauge(id.to_string()));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
@@ -95,11 +114,17 @@ pub async fn run(
             Ok(_) => {
                 current_at = std::time::Instant::now();
                 health.set_state_problem(None);
+                if let Some(g) = &failing_gauge {
+                    g.set(0.0);
+                }
             }
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
                 error!(error = %e, "checkpoints not written; retrying at the next interval");
                 let failing = current_at.elapsed();
+                if let Some(g) = &failing_gauge {
+                    g.set(failing.as_secs_f64());
+                }
                 if exactly_once && failing >= alarm {
                     health.set_state_problem(Some(format!(
                         "state: no exactly-once commit succeeded for {} s (more than {} s): the events sent since are not visible to read_committed consumers yet; last error: {e}",

@@ -124,6 +124,10 @@ impl KafkaStore {
         })
     }
 
+    pub fn transactional_id(&self) -> &str {
+        &self.transactional_id
+    }
+
     /// The transaction (exactly-once: the sink sends its events into it).
     pub fn transaction(&self) -> &Arc<Transaction> {
         &self.txn

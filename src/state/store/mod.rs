@@ -93,6 +93,14 @@ impl Store {
         }
     }
 
+    /// Exactly-once into Kafka: the `transactional.id` whose commits carry the events.
+    pub fn exactly_once_id(&self) -> Option<&str> {
+        match self {
+            Store::Kafka(k) if k.transaction().exactly_once() => Some(k.transactional_id()),
+            _ => None,
+        }
+    }
+
     /// Exactly-once into Kafka: aborts the open transaction for good, because the gate is
     /// broken (an event was sent into it and not acknowledged). Nothing for other stores.
     pub async fn abandon(&self) {
