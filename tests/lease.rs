@@ -232,6 +232,24 @@ async fn a_clean_stop_hands_the_lease_over_at_once_losing_nothing() {
         after(&b_log, "kubecast running"),
     );
     assert!(b.stop().success(), "{}", b.log());
+
+    // The Lease made anew (its namespace deleted, the release moved or renamed) while the state
+    // stays: written under epoch 1 by the second holder. The next process creates the Lease
+    // above that epoch and runs, instead of being refused by the store and restarting.
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &ns.name);
+    leases.delete(&id, &Default::default()).await.expect("delete the Lease");
+    let mut c = Kubecast::start_with_sink(&config, &sink("c"), &checkpoint, &[]);
+    c.wait_log("created the Lease above the highest epoch in the state store", 1).await;
+    c.wait_ready(200).await;
+    let transitions = leases.get(&id).await.unwrap().spec.unwrap().lease_transitions;
+    assert_eq!(transitions, Some(2), "one above the stored epoch 1");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    let patch = json!({"data": {"v": (last + 1).to_string()}});
+    api.patch("steady", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    let topic_c = format!("{id}.c");
+    wait_records(&topic_c, "a change after the Lease was made anew", |r| r.iter().any(|p| p.v == last + 1)).await;
+    assert!(c.exited().is_none(), "{}", c.log());
+    assert!(c.stop().success(), "{}", c.log());
 }
 
 /// The Lease's renewTime as the apiserver has it, in milliseconds.

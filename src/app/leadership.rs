@@ -245,12 +245,18 @@ fn set_leader(elector: &Elector, leader: bool, epoch: i32) {
 }
 
 /// The standby's health reason while it waits; `None` for a process without coordination.
-pub fn elector(client: &kube::Client, cfg: &CoordinationConfig, health: &Arc<Health>) -> Option<Elector> {
+/// A Lease it creates starts above the epochs of the state store (`floor`).
+pub fn elector(
+    client: &kube::Client,
+    cfg: &CoordinationConfig,
+    health: &Arc<Health>,
+    floor: Option<crate::state::lease::EpochFloor>,
+) -> Option<Elector> {
     if !cfg.enabled {
         return None;
     }
     health.set_standby(Some("standby: waiting for the lease".into()));
-    Some(Elector::new(client.clone(), cfg))
+    Some(Elector::new(client.clone(), cfg).with_epoch_floor(floor))
 }
 
 #[cfg(test)]

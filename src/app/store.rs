@@ -20,6 +20,47 @@ use crate::state::store::kafka::{KafkaStore, KafkaStoreConfig};
 use crate::state::store::nats::{NatsStore, NatsStoreConfig};
 use crate::state::store::{CheckpointError, Owner, Store, StreamKey, short_hash};
 
+/// The epoch a Lease made anew starts at: one above the highest epoch of the configured broker
+/// store's records (0 when it holds none). Read only when a Lease is created (rare: the first
+/// start, or a Lease deleted, renamed or moved), with a connection of its own. `None` for the
+/// file store (its records carry no epoch: one process locks the directory).
+pub fn epoch_floor(config: &Config) -> Option<crate::state::lease::EpochFloor> {
+    if config.checkpoint.store == StoreKind::File {
+        return None;
+    }
+    let config = std::sync::Arc::new(config.clone());
+    Some(std::sync::Arc::new(move || {
+        let config = config.clone();
+        Box::pin(async move {
+            let c = &config.checkpoint;
+            let sink = Sink::open(&config.sink, 1).await.map_err(|e| e.to_string())?;
+            let scanned = if c.store == StoreKind::Kafka {
+                let client = kafka_client(&config, &sink).map_err(|e| e.to_string())?;
+                let (cc, topic) = (client.clone(), c.kafka.topic.clone());
+                let looked = tokio::task::spawn_blocking(move || {
+                    crate::sink::kafka::lookup::lookup_topics(&cc, &[topic], Duration::from_secs(10))
+                })
+                .await
+                .expect("lookup task")?;
+                if matches!(looked.0.first(), Some((_, crate::sink::kafka::lookup::TopicState::Missing))) {
+                    // No state topic yet: nothing was written, nothing to be above.
+                    return Ok(0);
+                }
+                crate::state::store::kafka::scan(&client, &c.kafka.topic).await
+            } else {
+                let client = nats_client(&config, &sink).await.map_err(|e| e.to_string())?;
+                let js = async_nats::jetstream::new(client.clone());
+                match js.get_key_value(&c.nats.bucket).await {
+                    Err(e) if e.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket => return Ok(0),
+                    _ => crate::state::store::nats::scan(&client, &c.nats.bucket).await,
+                }
+            };
+            let epochs = scanned.map_err(|e| e.to_string())?.iter().map(|s| s.record.epoch).max();
+            Ok(epochs.map_or(0, |e| i32::try_from(e.saturating_add(1)).unwrap_or(i32::MAX)))
+        })
+    }))
+}
+
 /// The uid of the `kube-system` namespace: what tells two clusters with one `[cluster] name`
 /// apart. `None` (with a warning) when it cannot be read.
 pub async fn cluster_uid(client: &kube::Client) -> Option<String> {

@@ -273,7 +273,19 @@ pub struct Elector {
     labels: std::collections::BTreeMap<String, String>,
     /// The shard whose Lease this is (`[coordination] shards` above 1).
     shard: Option<Shard>,
+    /// The epoch a Lease this process creates starts at (see [`EpochFloor`]); `None`: 0.
+    floor: Option<EpochFloor>,
 }
+
+/// The epoch a Lease made anew starts at: one above every epoch in the state store. A Lease
+/// is made anew when it was deleted with its namespace, when a release is renamed or moved,
+/// when `lease_name` changes, while the state store stays: starting at 0, its holder would be
+/// refused by the store ([`crate::state::store::CheckpointError::Superseded`]) and the
+/// process would restart once per handover the old Lease saw. Creation is atomic, so the
+/// creator alone holds that epoch, and it is above any older holder's, which the store still
+/// fences. `Err`: the store could not be read; the Lease then starts at 0, as before.
+pub type EpochFloor =
+    std::sync::Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<i32, String>> + Send + Sync>;
 
 impl Elector {
     pub fn new(client: kube::Client, cfg: &CoordinationConfig) -> Self {
@@ -287,7 +299,14 @@ impl Elector {
             observed: None,
             labels: Default::default(),
             shard: None,
+            floor: None,
         }
+    }
+
+    /// A Lease this elector creates starts at the epoch `floor` gives.
+    pub fn with_epoch_floor(mut self, floor: Option<EpochFloor>) -> Self {
+        self.floor = floor;
+        self
     }
 
     /// The elector of a shard's Lease (`<lease_name>-<i>-of-<N>`), created with `labels`.
@@ -345,6 +364,16 @@ impl Elector {
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(in_words(&e).to_string()))?;
         let Some(mut lease) = existing else {
+            let start = match &self.floor {
+                None => 0,
+                Some(floor) => match floor().await {
+                    Ok(epoch) => epoch,
+                    Err(e) => {
+                        warn!(lease = %self.lease(), error = %e, "the state store could not be read to start the new Lease above its epochs; it starts at 0 (a store written under a higher epoch refuses this holder once)");
+                        0
+                    }
+                },
+            };
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.name.clone()),
@@ -356,12 +385,17 @@ impl Elector {
                     lease_duration_seconds: Some(seconds),
                     acquire_time: Some(now.clone()),
                     renew_time: Some(now),
-                    lease_transitions: Some(0),
+                    lease_transitions: Some(start),
                     ..Default::default()
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(Attempt::Held { epoch: 0 }),
+                Ok(_) => {
+                    if start > 0 {
+                        tracing::info!(lease = %self.lease(), epoch = start, "created the Lease above the highest epoch in the state store (the Lease was made anew: deleted, renamed or moved)");
+                    }
+                    Ok(Attempt::Held { epoch: start })
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Other { holder: "(just created)".into() }),
                 Err(e) => Err(self.error(in_words(&e).to_string())),
             };
