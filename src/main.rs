@@ -37,6 +37,9 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::CheckConfig { config, connect } => {
             let cfg = Config::load(config.as_deref())?;
             println!("{}", cfg.summary());
+            for w in kubecast::app::ephemeral::warnings(&cfg) {
+                eprintln!("kubecast: warning: {w}");
+            }
             if !connect {
                 return Ok(ExitCode::SUCCESS);
             }
@@ -68,6 +71,17 @@ fn real_main(cli: Cli) -> anyhow::Result<ExitCode> {
             let rt = kubecast::app::runtime::build().context("starting the runtime")?;
             rt.block_on(kubecast::app::state_cmd::run(cfg, command))?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::DeadLetter { config, command } => {
+            let cfg = Config::load(config.as_deref())?;
+            let rt = kubecast::app::runtime::build().context("starting the runtime")?;
+            match rt.block_on(kubecast::app::dead_letter_cmd::run(cfg, command)) {
+                Ok(()) => Ok(ExitCode::SUCCESS),
+                Err(e) => {
+                    eprintln!("kubecast: error: {e}");
+                    Ok(ExitCode::FAILURE)
+                }
+            }
         }
         Command::Run { config } => {
             let cfg = Config::load(config.as_deref())?;

@@ -517,7 +517,16 @@ fn kafka_sasl_values_read_the_password_from_the_secret_and_render_namespaced_rol
 #[test]
 fn nats_values_mount_the_creds_file_and_grant_core_and_crd_resources_cluster_wide() {
     let objs = render("nats-creds", &[]);
-    assert_has_lines(&config_toml(&objs), &["store = \"nats\""]);
+    // A broker sink with no dead letter of its own: the chart's, on the broker.
+    assert_has_lines(
+        &config_toml(&objs),
+        &["store = \"nats\"", "[delivery.dead_letter]", "type = \"broker\"", "destination = \"kubecast.dead-letter\""],
+    );
+    assert!(!config_toml(&render("minimal", &[])).contains("[delivery.dead_letter]"), "not with a stdout sink");
+    assert!(
+        !config_toml(&render("nats-creds", &["config.brokerDeadLetter="])).contains("[delivery.dead_letter]"),
+        "emptied: kubecast's default"
+    );
     assert_eq!(
         rbac(&objs),
         BTreeMap::from([(
@@ -878,15 +887,24 @@ fn the_notes_say_only_what_holds_for_the_rendered_values() {
     assert!(notes("minimal", &[&format!("config.raw={raw}")]).contains(empty_dir));
     let kafka = format!("{raw}[checkpoint]\nstore = \"kafka\"\n");
     assert!(!notes("minimal", &[&format!("config.raw={kafka}")]).contains(empty_dir));
-    // A broker sink whose dead letter is the default file on an emptyDir: the warning; not with
-    // a broker dead letter, a volume, or a stdout sink.
-    assert!(notes("ha", &[]).contains(dead_letter));
+    // A broker sink: the chart's broker dead letter, named; with config.brokerDeadLetter
+    // emptied, the default file on an emptyDir: the warning; not with a broker dead letter, a
+    // volume, or a stdout sink.
+    let n = notes("ha", &[]);
+    assert!(!n.contains(dead_letter), "{n}");
+    assert!(n.contains("Dead letter: Kafka topic \"kubecast.dead-letter\" (config.brokerDeadLetter)"), "{n}");
+    assert!(notes("ha", &["config.brokerDeadLetter="]).contains(dead_letter));
+    assert!(notes("ha", &["config.delivery.dead_letter.type=file"]).contains(dead_letter));
+    assert!(notes("nats-creds", &[]).contains("Dead letter: NATS subject \"kubecast.dead-letter\""));
     assert!(
         !notes("ha", &["config.delivery.dead_letter.type=broker", "config.delivery.dead_letter.destination=dl"])
             .contains(dead_letter)
     );
     assert!(!notes("minimal", &[]).contains(dead_letter));
-    assert!(!notes("pvc", &["config.sink.type=kafka", "config.sink.kafka.brokers=k:9092"]).contains(dead_letter));
+    assert!(
+        !notes("pvc", &["config.sink.type=kafka", "config.sink.kafka.brokers=k:9092", "config.brokerDeadLetter="])
+            .contains(dead_letter)
+    );
     // rbac.create: false: what to grant besides the watched resources.
     let n = notes("ha", &["rbac.create=false"]);
     assert!(

@@ -722,3 +722,34 @@ fn secrets_in_urls_and_misspelled_kafka_properties_are_never_printed() {
     assert!(!ok && err.contains("sink.nats.nkey_seed"), "{err}");
     assert!(!err.contains("S3cr3t"), "{err}");
 }
+
+/// A dead-letter file or a file state store on a tmpfs (here `/dev/shm`; in a pod, an emptyDir
+/// or a memory medium) goes with the pod or the machine: a warning naming the file, the mount
+/// and the fix, found from the process's own mounts. Not for a directory on a disk.
+#[test]
+fn files_on_storage_that_goes_with_the_pod_are_warned_about() {
+    let shm = std::path::Path::new("/dev/shm");
+    let on_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some("/dev/shm"))
+        .last()
+        .is_some_and(|l| l.contains(" - tmpfs "));
+    assert!(on_tmpfs && shm.is_dir(), "this test needs /dev/shm on a tmpfs (as on Linux by default)");
+    let config = format!("{GOOD}[checkpoint]\ndir = \"/dev/shm/kubecast-check-config-test/state\"\n");
+    let (ok, _, err) = check(&config, &[]);
+    assert!(ok, "a warning, not an error: {err}");
+    assert!(
+        err.contains("kubecast: warning: [delivery.dead_letter] the file /dev/shm/kubecast-check-config-test/state/dead-letter.jsonl is on /dev/shm (a tmpfs")
+            && err.contains("fix: with a Kafka or NATS sink, type = \"broker\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("kubecast: warning: [checkpoint] dir /dev/shm/kubecast-check-config-test/state is on /dev/shm"),
+        "{err}"
+    );
+    let disk = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let config = format!("{GOOD}[checkpoint]\ndir = \"{}\"\n", disk.path().display());
+    let (ok, _, err) = check(&config, &[]);
+    assert!(ok && !err.contains("warning"), "{err}");
+}

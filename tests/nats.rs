@@ -448,8 +448,9 @@ async fn credentials_refused_then_accepted() {
     assert!(!log.contains(seed.trim()), "the nkey seed leaked");
 }
 
-/// No stream covers the subjects: kubecast stops at start with an error naming the subject and
-/// the fix. With `create_stream = true` it creates the stream and delivers.
+/// No stream covers the subjects: a set-up mistake, not a reason to stop. kubecast stays up,
+/// not ready, with `/readyz` and the log naming the subject and the fix. With
+/// `create_stream = true` it creates the stream and delivers.
 #[tokio::test]
 async fn missing_stream_is_a_clear_error_or_created_on_request() {
     let _shared = shared();
@@ -460,12 +461,17 @@ async fn missing_stream_is_a_clear_error_or_created_on_request() {
     let config = format!("[cluster]\nname = \"{cluster}\"\n{}", cm_resource(&ns.name, ""));
     let subject = format!("{prefix}.{{cluster}}.{{resource}}.{{namespace}}");
     let mut k = Kubecast::start_with_sink(&config, &nats_sink(&subject, ""), "", &[]);
-    let status = k.wait_exit(WAIT).await;
-    assert!(!status.success());
-    let want = format!("no JetStream stream covers subject \"{prefix}.{cluster}.configmaps.{}\"", ns.name);
+    let want = format!("{prefix}.{cluster}.configmaps.{}", ns.name);
+    k.wait_ready_reason("destination: NATS event subject").await;
+    let (status, body) = k.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&want) && body.contains("no JetStream stream covers") && body.contains("fix:"), "{body}");
     let log = k.log();
-    assert!(log.contains(&want), "want {want:?} in:\n{log}");
+    let said = format!("no JetStream stream covers subject \"{want}\"");
+    assert!(log.contains(&said), "want {said:?} in:\n{log}");
     assert!(log.contains("create_stream = true"), "the fix is named:\n{log}");
+    assert!(k.exited().is_none(), "kubecast stays up:\n{log}");
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
 
     let name = prefix.to_uppercase();
     k.set_sink(&nats_sink(&subject, &format!("create_stream = true\n[sink.nats.stream]\nname = \"{name}\"")));

@@ -57,25 +57,165 @@ async fn test_stream(subjects: impl FnOnce(&str) -> Vec<String>) -> (jetstream::
     (js, prefix)
 }
 
+/// `kubecast dead-letter ARGS --config CONFIG`, which must succeed: its stdout.
+fn dead_letter_ok(config: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(common::bin())
+        .arg("dead-letter")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kubecast dead-letter");
+    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "kubecast dead-letter {args:?} failed:\n{e}\n{o}");
+    o
+}
+
+/// Sets the largest message `stream` takes (-1: no limit).
+async fn set_max_message_size(js: &jetstream::Context, stream: &str, size: i32) {
+    let mut cfg = js.get_stream(stream).await.unwrap().info().await.unwrap().config.clone();
+    cfg.max_message_size = size;
+    js.update_stream(&cfg).await.unwrap();
+}
+
+/// A stream of the test's own with `subjects` that takes no message larger than 64 bytes: every
+/// event on them goes to the dead letter.
+async fn small_stream(js: &jetstream::Context, name: &str, subjects: Vec<String>) {
+    js.create_stream(stream::Config { name: name.into(), subjects, max_message_size: 64, ..Default::default() })
+        .await
+        .unwrap();
+}
+
+/// A dead-letter destination that cannot take dead letters (no stream covers the subject) is a
+/// set-up mistake, not a reason to stop: named on `/readyz` from the start, and a dead letter
+/// that comes meanwhile waits for it (held, named as the dead letter), the stream's position
+/// before it, none lost. Once a stream covers the subject, the dead letter is written and the
+/// stream goes on. Later, `kubecast dead-letter replay` sends it to the subject it was meant
+/// for, once that takes it, under its original id; a second replay sends nothing.
 #[tokio::test]
-async fn a_dead_letter_destination_that_cannot_take_dead_letters_is_refused_at_start() {
+async fn a_dead_letter_destination_that_refuses_holds_the_dead_letter_and_replay_sends_it_back() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "poison-d").await;
-    let (js, prefix) = test_stream(|p| vec![format!("{p}.>")]).await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("p").replace('-', "_");
+    let events = prefix.to_uppercase();
+    small_stream(&js, &events, vec![format!("{prefix}.ev.>")]).await;
     let sink = format!(
-        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{prefix}.{{resource}}\"\n",
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{prefix}.ev.{{resource}}\"\n",
         common::env_var("NATS_URL")
     );
-    // The events' subjects are covered, the dead letter's is not.
-    let subject = format!("{}.dead", common::unique("uncovered").replace('-', "_"));
-    let checkpoint = format!("[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{subject}\"\n");
-    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, &checkpoint, &[]);
-    let status = kc.wait_exit(WAIT).await;
-    assert!(!status.success());
-    let log = kc.log();
-    assert!(log.contains("[delivery.dead_letter] destination") && log.contains(&subject), "{log}");
-    assert!(log.contains("fix:"), "{log}");
-    let _ = js.delete_stream(prefix.to_uppercase()).await;
+    // The events' subjects are covered, the dead letter's is not (yet).
+    let dead = format!("{prefix}.dead");
+    let extra =
+        format!("flush_interval_ms = 100\n[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{dead}\"\n");
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, &extra, &[]);
+    kc.wait_ready_reason("destination: NATS dead-letter subject").await;
+    let (status, body) = kc.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains(&dead) && body.contains("no JetStream stream covers") && body.contains("fix:"), "{body}");
+
+    let cm = create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    let rv: u64 = cm.metadata.resource_version.clone().unwrap().parse().unwrap();
+    let id = format!("{}:{rv}:added", cm.metadata.uid.unwrap());
+    kc.wait_ready_reason("(the dead letter) refuses every event").await;
+    let (_, body) = kc.admin_get("/readyz").await;
+    assert!(body.contains(&dead), "{body}");
+    assert!(kc.log().contains("the dead-letter destination refuses every event"), "{}", kc.log());
+    // The position may be the (empty) list's end, never at or past the held event.
+    let stored = |kc: &Kubecast| {
+        kc.checkpoints().first().and_then(|c| c["resource_version"].as_str().map(|v| v.parse::<u64>().unwrap()))
+    };
+    assert!(
+        stored(&kc).is_none_or(|at| at < rv),
+        "the position moved past the held dead letter: {:?}",
+        kc.checkpoints()
+    );
+
+    let dead_stream = format!("{events}_DEAD");
+    js.create_stream(stream::Config { name: dead_stream.clone(), subjects: vec![dead.clone()], ..Default::default() })
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while stored(&kc).is_none_or(|at| at < rv) {
+        assert!(Instant::now() < deadline, "the position never moved past the dead letter\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    kc.wait_ready(200).await;
+    let mut s = js.get_stream(&dead_stream).await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 1, "one dead letter");
+
+    let config = kc.dir.path().join("kubecast.toml");
+    let out = dead_letter_ok(&config, &["list"]);
+    assert!(out.contains(&id) && out.contains(&format!("{prefix}.ev.configmaps")), "{out}");
+    set_max_message_size(&js, &events, -1).await;
+    let out = dead_letter_ok(&config, &["replay"]);
+    assert!(out.contains(&format!("replayed: {id} to {prefix}.ev.configmaps")), "{out}");
+    let m = js
+        .get_stream(&events)
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject(&format!("{prefix}.ev.configmaps"))
+        .await
+        .expect("the replayed event");
+    // Structured mode, as the NATS sink sends by default; its own id.
+    let event: Value = serde_json::from_slice(&m.payload).unwrap();
+    assert_eq!(event["id"], id.as_str());
+    assert_eq!(event["data"]["data"]["v"], "1");
+    assert_eq!(
+        m.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_string()),
+        Some(format!("{id}@{prefix}.ev.configmaps")),
+        "the sink's message id: a replay sent twice within the duplicate window is stored once"
+    );
+    assert_eq!(dead_letter_ok(&config, &["list"]), "", "nothing left to replay");
+    assert!(!dead_letter_ok(&config, &["replay"]).contains("replayed:"));
+    assert!(kc.stop().success(), "{}", kc.log());
+    let _ = js.delete_stream(&events).await;
+    let _ = js.delete_stream(&dead_stream).await;
+}
+
+/// The file dead letter (kubecast's default) is replayed the same way, and `<file>.replayed`
+/// remembers how far it got: a second replay sends nothing, an event dead-lettered after it is
+/// the only one the third sends.
+#[tokio::test]
+async fn the_file_dead_letter_is_replayed_once_in_order() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "poison-file").await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("p").replace('-', "_");
+    let events = prefix.to_uppercase();
+    small_stream(&js, &events, vec![format!("{prefix}.>")]).await;
+    let sink = format!(
+        "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{prefix}.{{verb}}\"\n",
+        common::env_var("NATS_URL")
+    );
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, "", &[]);
+    let a = create_cm(&client, &ns.name, "a", json!({}), json!({"v": "1"})).await;
+    let b = create_cm(&client, &ns.name, "b", json!({}), json!({"v": "1"})).await;
+    let dl = wait_dead_letters(&mut kc, 2).await;
+    let id = |cm: &k8s_openapi::api::core::v1::ConfigMap| {
+        format!("{}:{}:added", cm.metadata.uid.clone().unwrap(), cm.metadata.resource_version.clone().unwrap())
+    };
+    assert_eq!(dl[0]["event"]["id"], id(&a));
+    let config = kc.dir.path().join("kubecast.toml");
+    set_max_message_size(&js, &events, -1).await;
+    let out = dead_letter_ok(&config, &["replay"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [format!("replayed: {} to {prefix}.added", id(&a)), format!("replayed: {} to {prefix}.added", id(&b))],
+        "in the order they were dead-lettered"
+    );
+    assert_eq!(dead_letter_ok(&config, &["replay"]), "", "replayed once");
+    set_max_message_size(&js, &events, 64).await;
+    let c = create_cm(&client, &ns.name, "c", json!({}), json!({"v": "1"})).await;
+    wait_dead_letters(&mut kc, 3).await;
+    set_max_message_size(&js, &events, -1).await;
+    assert_eq!(dead_letter_ok(&config, &["replay"]).trim(), format!("replayed: {} to {prefix}.added", id(&c)));
+    let mut s = js.get_stream(&events).await.unwrap();
+    assert_eq!(s.info().await.unwrap().state.messages, 3, "each event once");
+    assert!(kc.stop().success(), "{}", kc.log());
+    let _ = js.delete_stream(&events).await;
 }
 
 /// A dead letter on NATS has a message id of its own: the event's id may already be in the

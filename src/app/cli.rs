@@ -46,6 +46,15 @@ pub enum Command {
         #[command(subcommand)]
         command: super::state_cmd::StateCommand,
     },
+    /// List the dead-lettered events, or send them again to their destinations (see
+    /// docs/operations.md, "The dead letter").
+    DeadLetter {
+        /// TOML config file (the dead letter and the sink); without it the defaults.
+        #[arg(long, short, env = "KUBECAST_CONFIG", global = true)]
+        config: Option<PathBuf>,
+        #[command(subcommand)]
+        command: super::dead_letter_cmd::DeadLetterCommand,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

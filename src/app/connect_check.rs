@@ -96,19 +96,33 @@ pub async fn destinations(config: &Config, client: &kube::Client, sink: &Sink) -
         findings.extend(kafka_topics(config, k, &topics, &sampled).await);
     } else if let Some(n) = sink.nats() {
         let mut subjects: Vec<(String, &'static str)> = Vec::new();
+        let mut sampled = Vec::new();
         if n.jetstream() {
             for (i, fields) in &samples {
                 let route = config.resources[*i].route(SinkType::Nats).map(|t| Template::parse(t).expect("validated"));
                 let subject = n.subject_for(route.as_ref(), fields);
                 if !subjects.iter().any(|(s, _)| *s == subject) {
+                    // A cluster-wide stream's subject that names the namespace: only a sample.
+                    let other =
+                        crate::model::Fields { namespace: "kubecast-sample-namespace".into(), ..fields.clone() };
+                    sampled.push(
+                        config.resources[*i].namespaces.is_empty() && n.subject_for(route.as_ref(), &other) != subject,
+                    );
                     subjects.push((subject, "event subject"));
                 }
             }
             if let Some(d) = dead_letter {
                 subjects.push((d, "dead-letter subject ([delivery.dead_letter] destination)"));
+                sampled.push(false);
             }
         }
-        findings.extend(nats_subjects(n, &subjects).await);
+        let mut found = nats_subjects(n, &subjects).await;
+        if found.len() == subjects.len() {
+            for (f, sampled) in found.iter_mut().zip(&sampled) {
+                f.certain = !sampled;
+            }
+        }
+        findings.extend(found);
     }
     findings
 }
@@ -213,12 +227,12 @@ async fn nats_subjects(n: &NatsSink, subjects: &[(String, &'static str)]) -> Vec
 /// How often the look-ups are made again while a destination is not ready.
 const AGAIN: Duration = Duration::from_secs(15);
 
-/// At start of `run` (Kafka sink; NATS streams are checked by `preflight`): the same look-ups,
-/// logged before the first event (problems as warnings). The problems with destinations events
+/// At start of `run` (a Kafka or NATS sink): the same look-ups, logged before the first event
+/// (problems as warnings). The problems with destinations events
 /// will surely go to make `health` not ready; they are looked up again every 15 s until none
 /// is left (the operator created the topic or granted the permission).
 pub async fn watch_at_start(config: &Config, client: &kube::Client, sink: &Sink, health: &Health) {
-    if sink.kafka().is_none() {
+    if sink.kafka().is_none() && sink.nats().is_none_or(|n| !n.jetstream()) {
         return;
     }
     let mut said = Vec::new();

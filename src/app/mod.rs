@@ -1,7 +1,8 @@
 //! The binary's side: the command line (`cli`), the allocator's settings (`allocator`), the
 //! async runtime (`runtime`), and `kubecast run`: its wiring (`wiring`, also used by the benchmarks), start-up checks
 //! (`preflight`), supervision (`supervise`) and shutdown (`shutdown`), put together in `run`.
-//! `kubecast state` (see, reset and move the stored state) is `state_cmd`.
+//! `kubecast state` (see, reset and move the stored state) is `state_cmd`; `kubecast dead-letter`
+//! (list the dead letter, send it again) is `dead_letter_cmd`.
 //!
 //! Invariant: only this folder (and `main.rs`) knows every stage; nothing in `src/` imports it.
 
@@ -9,6 +10,8 @@ mod active;
 pub mod allocator;
 pub mod cli;
 pub mod connect_check;
+pub mod dead_letter_cmd;
+pub mod ephemeral;
 mod error;
 pub mod leadership;
 mod preflight;

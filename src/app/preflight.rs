@@ -24,10 +24,13 @@ pub async fn check_dead_letter(config: &Config, sink: &Sink) -> Result<(), Deliv
     DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, RetryPolicy::new(d)).check(sink).await
 }
 
-/// JetStream: a stream must cover the subjects events go to. Checked at start for each
+/// JetStream: a stream must cover the subjects events go to. Looked up at start for each
 /// resource's subjects (its kind found by discovery; a namespace of the configured ones, or
-/// `default`); when NATS is not reachable yet, checked once it is (then a missing stream is
-/// logged, and the events wait and retry instead of stopping kubecast).
+/// `default`), and created when `[sink.nats] create_stream` says so. A subject no stream
+/// covers is a set-up mistake, not a reason to stop: it is logged here, named on `/readyz` by
+/// the start-up look-up (`connect_check::watch_at_start`) until a stream covers it, and its
+/// events are held in order meanwhile. When NATS is not reachable yet, the look-up is made
+/// once it is.
 pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &Arc<Sink>) -> Result<(), SinkError> {
     let Some(n) = sink.nats() else { return Ok(()) };
     if !n.jetstream() {
@@ -36,7 +39,10 @@ pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &A
     }
     let subjects = nats_sample_subjects(config, client, n).await;
     if n.is_connected() {
-        return n.ensure_streams(&subjects).await;
+        if let Err(e) = n.ensure_streams(&subjects).await {
+            error!(error = %e, "events to these subjects are held until a stream covers them");
+        }
+        return Ok(());
     }
     warn!("NATS is not reachable yet; the JetStream streams are checked once it is, and events wait until then");
     let sink = sink.clone();
@@ -46,7 +52,7 @@ pub async fn check_nats_streams(config: &Config, client: &kube::Client, sink: &A
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         if let Err(e) = n.ensure_streams(&subjects).await {
-            error!(error = %e, "events to these subjects are retried until a stream covers them");
+            error!(error = %e, "events to these subjects are held until a stream covers them");
         }
     });
     Ok(())

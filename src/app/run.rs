@@ -37,6 +37,9 @@ use crate::source::client;
 
 /// Runs until `shutdown` fires or a fatal error occurs.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
+    for w in super::ephemeral::warnings(&config) {
+        warn!("{w}");
+    }
     let (client, apiserver) = client::client(&config.cluster).await?;
     let api_limiter = client::limiter(&config.cluster);
     if config.coordination.sharded().is_some() {
@@ -59,8 +62,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     health.set_sink(sink.connected(), sink.unreachable_cause());
     check_nats_streams(config, &client, &sink).await?;
     check_dead_letter(config, &sink).await?;
-    // Kafka: every topic the config names, looked up (not created) and logged, in the
-    // background: a missing topic or permission is said before the first event, and not ready
+    // Every Kafka topic or JetStream stream the config names, looked up (not created) and
+    // logged, in the background: a missing topic or permission is said before the first event, and not ready
     // until it is fixed.
     tokio::spawn({
         let (config, client, sink, health) = (config.clone(), client.clone(), sink.clone(), health.clone());
@@ -79,7 +82,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let lease_lost = CancellationToken::new();
     let mut lease = None;
     let tenure = leadership::Tenure::new(&pipeline.config.coordination, lease_lost.clone());
-    let (epoch, writer) = match leadership::elector(&client, &pipeline.config.coordination, &health) {
+    let floor = super::store::epoch_floor(&pipeline.config);
+    let (epoch, writer) = match leadership::elector(&client, &pipeline.config.coordination, &health, floor) {
         Some(mut elector) => {
             let cfg = pipeline.config.coordination.clone();
             let Some(epoch) = leadership::wait_for_lease(&mut elector, &cfg, &health, &cancel).await? else {

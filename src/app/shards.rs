@@ -77,7 +77,9 @@ pub async fn run(
 
     let keepers = leadership::Keepers::start(&config.cluster).await?;
     let shared = Arc::new(Shared { config, client: client.clone(), limiter, keepers, health: health.clone() });
-    let elector = |s: Shard| Elector::for_shard(client.clone(), &cfg, s, shard_labels(&cfg));
+    let floor = super::store::epoch_floor(&shared.config);
+    let elector =
+        |s: Shard| Elector::for_shard(client.clone(), &cfg, s, shard_labels(&cfg)).with_epoch_floor(floor.clone());
     let mut electors: BTreeMap<Shard, Elector> = Shard::all(count).map(|s| (s, elector(s))).collect();
     let mut members = Members::new(client.clone(), &cfg, identity.clone());
     let mut units: JoinSet<(Shard, Result<(), RunError>)> = JoinSet::new();
@@ -268,6 +270,17 @@ async fn run_shard(
     if sink.kafka().is_some() {
         tokio::spawn(supervise::probe_broker(sink.clone(), cancel.clone()));
     }
+    // The destinations of this shard's streams, looked up as at the start of an unsharded run.
+    tokio::spawn({
+        let (config, client, sink, health, cancel) =
+            (pipeline.config.clone(), shared.client.clone(), sink.clone(), health.clone(), cancel.clone());
+        async move {
+            tokio::select! {
+                () = super::connect_check::watch_at_start(&config, &client, &sink, &health) => {}
+                () = cancel.cancelled() => {}
+            }
+        }
+    });
     let active = Active { client: &shared.client, limiter: &shared.limiter, sink, health: &health, cancel };
     let held = Held { epoch: Some(i64::from(epoch)), writer, keeper: Some(keeper), stop, lost, tenure };
     let streams = pipeline.stream_names();

@@ -210,7 +210,9 @@ impl Pipeline {
             sink: sink.clone(),
             limiter: (d.rate_per_second > 0).then(|| rate_limiter(d.rate_per_second, d.burst)),
             retry,
-            dead_letter: Arc::new(DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, retry)),
+            dead_letter: Arc::new(
+                DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, retry).reporting_to(refusals.clone()),
+            ),
             max_in_flight: d.max_in_flight,
             capacity: d.queue_capacity,
             checkpoints: self.checkpoints.clone(),

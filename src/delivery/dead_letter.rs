@@ -20,6 +20,7 @@ use tracing::{error, warn};
 use super::config::{DeadLetterConfig, DeadLetterType};
 use super::error::{DeliveryError, Undeliverable};
 use super::retry::RetryPolicy;
+use crate::observe::refusals::{RefusalHold, Refusals};
 use crate::sink::{FileSink, NatsSink, Outbound, SendError, Sink, kafka};
 
 pub enum Target {
@@ -54,6 +55,9 @@ pub struct DeadLetter {
     target: Target,
     retry: RetryPolicy,
     count: AtomicU64,
+    /// Where a dead-letter destination that refuses every event (a missing topic or stream, a
+    /// permission not granted) is reported while the event waits for it.
+    refusals: Arc<Refusals>,
 }
 
 impl DeadLetter {
@@ -66,7 +70,14 @@ impl DeadLetter {
             DeadLetterType::Broker => Target::Broker { topic: cfg.destination.clone().unwrap_or_default() },
             DeadLetterType::Stop => Target::Stop,
         };
-        Self { target, retry, count: AtomicU64::new(0) }
+        Self { target, retry, count: AtomicU64::new(0), refusals: Arc::default() }
+    }
+
+    /// Reports a dead-letter destination that refuses every event to `refusals` (`/readyz`,
+    /// `kubecast_sink_refused`), as the queue reports the sink's own destinations.
+    pub fn reporting_to(mut self, refusals: Arc<Refusals>) -> Self {
+        self.refusals = refusals;
+        self
     }
 
     #[cfg(test)]
@@ -92,8 +103,12 @@ impl DeadLetter {
     }
 
     /// At start: the destination can take dead letters (the file opens; the Kafka topic exists
-    /// or the broker creates it; a JetStream stream covers the NATS subject). A broker not
-    /// reachable yet is not an error (the check is skipped, with a warning).
+    /// or the broker creates it; a JetStream stream covers the NATS subject, or kubecast creates
+    /// one). A file that cannot be opened stops kubecast. A broker destination that is missing
+    /// is a set-up mistake like a missing event topic: logged here, named on `/readyz` by the
+    /// start-up look-up (`app::connect_check`), and a dead letter that comes before it is fixed
+    /// waits for it (held, see [`DeadLetter::put`]). A broker not reachable yet is not an error
+    /// (the check is skipped, with a warning).
     pub async fn check(&self, sink: &Sink) -> Result<(), DeliveryError> {
         let fail = |what: String| DeliveryError::DeadLetterCheck(what);
         match &self.target {
@@ -107,9 +122,13 @@ impl DeadLetter {
                 if let Some(k) = sink.kafka() {
                     match k.topic_exists(topic).await {
                         Ok(true) => Ok(()),
-                        Ok(false) => Err(fail(format!(
-                            "[delivery.dead_letter] destination: Kafka topic {topic:?} does not exist and the broker does not create it (fix: create the topic, or name an existing one)"
-                        ))),
+                        Ok(false) => {
+                            warn!(
+                                topic,
+                                "[delivery.dead_letter] destination: Kafka topic {topic:?} does not exist and the broker does not create it; a dead letter waits until it does (fix: create the topic, or name an existing one)"
+                            );
+                            Ok(())
+                        }
                         Err(e) => {
                             warn!(topic, error = %e, "the dead-letter topic could not be checked (broker not reachable?); checked when it is used");
                             Ok(())
@@ -120,9 +139,10 @@ impl DeadLetter {
                         warn!(subject = %topic, "NATS is not reachable yet: the dead-letter subject is checked when it is used");
                         return Ok(());
                     }
-                    n.ensure_streams(std::slice::from_ref(topic))
-                        .await
-                        .map_err(|e| fail(format!("[delivery.dead_letter] destination {topic:?}: {e}")))
+                    if let Err(e) = n.ensure_streams(std::slice::from_ref(topic)).await {
+                        warn!(subject = %topic, error = %e, "[delivery.dead_letter] destination: a dead letter waits until a stream covers the subject");
+                    }
+                    Ok(())
                 } else {
                     Err(fail("[delivery.dead_letter] type = \"broker\" needs a broker sink (kafka or nats)".into()))
                 }
@@ -131,7 +151,10 @@ impl DeadLetter {
     }
 
     /// Writes `msg` with `reason`; returns when it is stored, retrying up to `max_attempts`
-    /// times (0: as long as it takes); then the error stops kubecast.
+    /// times (0: as long as it takes); then the error stops kubecast. A broker destination that
+    /// refuses every event (missing, or a permission not granted) is a set-up mistake: the
+    /// event waits for it, retried with backoff whatever `max_attempts` says, and the
+    /// destination is reported as refused until it takes the event.
     pub async fn put(&self, sink: &Sink, msg: &Outbound, reason: &str) -> Result<(), DeliveryError> {
         let destination = sink.destination(msg);
         let id = msg.event.id().to_string();
@@ -141,10 +164,15 @@ impl DeadLetter {
         error!(event_id = %id, trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %destination, reason, "event cannot be delivered; writing it to the dead letter");
         let mut backoff = self.retry.backoff();
         let mut attempt = 0u32;
+        // Attempts that failed for another reason than a refusal: what `max_attempts` counts.
+        let mut failed = 0u32;
+        let mut held: Option<RefusalHold> = None;
         loop {
             attempt += 1;
             let result = match &self.target {
-                Target::File { path, file } => write_file(path, file, msg, &destination, reason).await,
+                Target::File { path, file } => {
+                    write_file(path, file, msg, &destination, reason).await.map_err(SendError::Retriable)
+                }
                 Target::Broker { topic } => self.write_broker(sink, topic, msg, &destination, reason).await,
                 Target::Stop => unreachable!(),
             };
@@ -153,19 +181,33 @@ impl DeadLetter {
                     self.count.fetch_add(1, Ordering::Relaxed);
                     return Ok(());
                 }
-                Err(e) if !self.retry.may_retry(attempt) => {
-                    return Err(DeliveryError::DeadLetterUnwritable {
-                        id,
-                        dead_letter: self.describe(),
-                        attempts: attempt,
-                        error: e,
-                    });
+                Err(SendError::Refused { refusal, reason: said }) => {
+                    let Target::Broker { topic } = &self.target else { unreachable!("only a broker refuses") };
+                    let where_ = format!("{topic} (the dead letter)");
+                    match &held {
+                        Some(h) if h.is_for(&where_, refusal) => h.update(&said),
+                        _ => held = Some(self.refusals.hold(&where_, refusal, &said)),
+                    }
+                    if attempt == 1 || attempt.is_multiple_of(10) {
+                        let e = SendError::Refused { refusal, reason: said };
+                        warn!(event_id = %id, dead_letter = %topic, refusal = refusal.label(), attempt, error = %e, "the dead-letter destination refuses every event (a set-up mistake); the event waits for it, retried with backoff until it is fixed");
+                    }
                 }
                 Err(e) => {
+                    held = None;
+                    failed += 1;
+                    if !self.retry.may_retry(failed) {
+                        return Err(DeliveryError::DeadLetterUnwritable {
+                            id,
+                            dead_letter: self.describe(),
+                            attempts: failed,
+                            error: e.to_string(),
+                        });
+                    }
                     warn!(event_id = %id, error = %e, attempt, "dead letter not written; retrying");
-                    tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
                 }
             }
+            tokio::time::sleep(backoff.next().unwrap_or(std::time::Duration::from_secs(30))).await;
         }
     }
 
@@ -176,11 +218,13 @@ impl DeadLetter {
         msg: &Outbound,
         destination: &str,
         reason: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), SendError> {
         if let Some(n) = sink.nats() {
             return write_nats(n, topic, msg, destination, reason).await;
         }
-        let Some(k) = sink.kafka() else { return Err("the dead letter type \"broker\" needs a broker sink".into()) };
+        let Some(k) = sink.kafka() else {
+            return Err(SendError::Fatal("the dead letter type \"broker\" needs a broker sink".into()));
+        };
         let headers = |h: OwnedHeaders| {
             h.insert(Header { key: "kubecast_dead_letter_reason", value: Some(reason) })
                 .insert(Header { key: "kubecast_original_destination", value: Some(destination) })
@@ -193,9 +237,9 @@ impl DeadLetter {
                 let (_, h) = kafka::encode(&msg.event, kafka::Mode::Structured);
                 let h = h.insert(Header { key: "kubecast_data_dropped", value: Some("true") });
                 let payload = msg.event.to_structured_without_data();
-                k.send_raw(topic, msg.key(), &payload, headers(h)).await.map_err(|e| e.to_string())
+                k.send_raw(topic, msg.key(), &payload, headers(h)).await
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         }
     }
 }
@@ -234,7 +278,7 @@ async fn write_nats(
     msg: &Outbound,
     destination: &str,
     reason: &str,
-) -> Result<(), String> {
+) -> Result<(), SendError> {
     let one_line = |s: &str| s.replace(['\r', '\n'], " ");
     let headers = || {
         let mut h = async_nats::HeaderMap::new();
@@ -254,9 +298,9 @@ async fn write_nats(
             let mut h = headers();
             h.insert("Kubecast-Data-Dropped", "true");
             let payload = bytes::Bytes::from(msg.event.to_structured_without_data());
-            n.publish(subject.to_string(), h, payload, id).await.map_err(|e| e.to_string())
+            n.publish(subject.to_string(), h, payload, id).await
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
     }
 }
 

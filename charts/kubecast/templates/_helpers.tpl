@@ -224,8 +224,12 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- $_ := set $checkpoint "store" (include "kubecast.store" .) }}
 {{- $_ := set $cfg "checkpoint" $checkpoint }}
 {{- $_ := set $cfg "sink" (deepCopy .Values.config.sink) }}
-{{- if .Values.config.delivery }}
-{{- $_ := set $cfg "delivery" (deepCopy .Values.config.delivery) }}
+{{- $delivery := deepCopy (.Values.config.delivery | default dict) }}
+{{- if include "kubecast.brokerDeadLetter" . }}
+{{- $_ := set $delivery "dead_letter" (dict "type" "broker" "destination" .Values.config.brokerDeadLetter) }}
+{{- end }}
+{{- if $delivery }}
+{{- $_ := set $cfg "delivery" $delivery }}
 {{- end }}
 {{- if .Values.config.telemetry }}
 {{- $_ := set $cfg "telemetry" (deepCopy .Values.config.telemetry) }}
@@ -448,4 +452,13 @@ default: "file").
 {{- else }}{{ $store }}
 {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+"kubecast.brokerDeadLetter": "true" when the chart sets the dead letter: a Kafka or NATS sink,
+config.brokerDeadLetter not empty, and no config.delivery.dead_letter (nor config.raw).
+*/}}
+{{- define "kubecast.brokerDeadLetter" -}}
+{{- $sink := .Values.config.sink | default dict }}
+{{- if and (not .Values.config.raw) .Values.config.brokerDeadLetter (has ($sink.type | default "stdout") (list "kafka" "nats")) (not (hasKey (.Values.config.delivery | default dict) "dead_letter")) }}true{{ end }}
 {{- end }}

@@ -94,6 +94,11 @@ impl NatsSink {
         self.js.is_some()
     }
 
+    /// The JetStream context (`None` on core NATS), for readers of the broker's streams.
+    pub fn jetstream_context(&self) -> Option<&jetstream::Context> {
+        self.js.as_ref()
+    }
+
     pub fn destination(&self, msg: &Outbound) -> String {
         msg.route.as_deref().unwrap_or(&self.subject).render(&msg.fields, clean_subject_token)
     }

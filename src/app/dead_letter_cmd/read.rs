@@ -1,0 +1,328 @@
+//! Reading the dead letter from where replay last got to, and remembering how far it got:
+//!
+//! - the file: its complete lines after the byte offset kept in `<file>.replayed` (written
+//!   after each event sent, by a rename); a line being appended is left for the next run;
+//! - a Kafka topic: a consumer of group `progress` from its committed offsets (`read_committed`),
+//!   up to each partition's end when the read started; the offset is committed after each event
+//!   sent;
+//! - a NATS subject: a durable JetStream consumer named `progress` on the stream that covers it,
+//!   every message acknowledged after it is sent; up to the messages pending when the read
+//!   started.
+//!
+//! `--dry-run` reads the same way and remembers nothing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use super::ReplayError;
+use super::entry::Entry;
+use crate::sink::kafka::roles::for_consumer;
+
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the dead letter is read from.
+pub enum Reader {
+    File(FileReader),
+    Kafka(KafkaReader),
+    Nats(NatsReader),
+}
+
+impl Reader {
+    /// The next dead letter not replayed yet, `None` at the end (as it was when the read
+    /// started). Errors of one entry (a line that is not an event) are returned as
+    /// `Ok(Some(Err(..)))`: skipped, named, and counted.
+    pub async fn next(&mut self) -> Result<Option<Result<Entry, String>>, ReplayError> {
+        match self {
+            Self::File(r) => r.next(),
+            Self::Kafka(r) => r.next().await,
+            Self::Nats(r) => r.next().await,
+        }
+    }
+
+    /// The entry last returned is done: the next run starts after it.
+    pub async fn done(&mut self) -> Result<(), ReplayError> {
+        match self {
+            Self::File(r) => r.done(),
+            Self::Kafka(r) => r.done(),
+            Self::Nats(r) => r.done().await,
+        }
+    }
+}
+
+pub struct FileReader {
+    path: PathBuf,
+    progress: PathBuf,
+    text: Vec<u8>,
+    /// Byte offset of the next line.
+    at: usize,
+    /// Byte offset after the entry last returned.
+    after: usize,
+    dry_run: bool,
+}
+
+impl FileReader {
+    pub fn open(path: &Path, dry_run: bool) -> Result<Self, ReplayError> {
+        let io = |e: std::io::Error, what: &Path| ReplayError::File(format!("{}: {e}", what.display()));
+        let text = match std::fs::read(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io(e, path)),
+        };
+        let mut progress = path.as_os_str().to_owned();
+        progress.push(".replayed");
+        let progress = PathBuf::from(progress);
+        let at = match std::fs::read_to_string(&progress) {
+            Ok(s) => s.trim().parse::<usize>().map_err(|e| {
+                ReplayError::File(format!(
+                    "{}: not a byte offset ({e}) (fix: delete it to replay the whole file again)",
+                    progress.display()
+                ))
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+            Err(e) => return Err(io(e, &progress)),
+        };
+        if at > text.len() {
+            return Err(ReplayError::File(format!(
+                "{} says {at} bytes were replayed, but {} has {} (it was cut or replaced; fix: delete {} to replay the whole file again)",
+                progress.display(),
+                path.display(),
+                text.len(),
+                progress.display()
+            )));
+        }
+        Ok(Self { path: path.to_path_buf(), progress, text, at, after: at, dry_run })
+    }
+
+    fn next(&mut self) -> Result<Option<Result<Entry, String>>, ReplayError> {
+        loop {
+            let rest = &self.text[self.at..];
+            // Only complete lines: the last one may be being written.
+            let Some(end) = rest.iter().position(|b| *b == b'\n') else { return Ok(None) };
+            let line = &rest[..end];
+            let start = self.at;
+            self.at += end + 1;
+            self.after = self.at;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return Ok(Some(
+                Entry::from_file_line(line).map_err(|e| format!("{} at byte {start}: {e}", self.path.display())),
+            ));
+        }
+    }
+
+    fn done(&mut self) -> Result<(), ReplayError> {
+        if self.dry_run {
+            return Ok(());
+        }
+        let tmp = self.progress.with_extension("replayed.tmp");
+        std::fs::write(&tmp, format!("{}\n", self.after))
+            .and_then(|()| std::fs::rename(&tmp, &self.progress))
+            .map_err(|e| ReplayError::File(format!("{}: {e}", self.progress.display())))
+    }
+}
+
+pub struct KafkaReader {
+    topic: String,
+    consumer: StreamConsumer,
+    /// Partition -> the offset at which the read ends.
+    open: HashMap<i32, i64>,
+    last: Option<(i32, i64)>,
+    dry_run: bool,
+}
+
+impl KafkaReader {
+    pub async fn open(cc: &ClientConfig, topic: &str, group: &str, dry_run: bool) -> Result<Self, ReplayError> {
+        let what = |e: String| ReplayError::Kafka(format!("dead-letter topic {topic:?}: {e}"));
+        let mut cc = for_consumer(cc);
+        cc.set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("allow.auto.create.topics", "false")
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest");
+        let consumer: StreamConsumer = cc.create().map_err(|e| what(format!("consumer: {e}")))?;
+        let (consumer, open) = tokio::task::spawn_blocking({
+            let topic = topic.to_string();
+            move || -> Result<_, String> {
+                let md = consumer.fetch_metadata(Some(&topic), TIMEOUT).map_err(|e| format!("metadata: {e}"))?;
+                let t = md.topics().iter().find(|t| t.name() == topic).ok_or("no such topic")?;
+                if let Some(e) = t.error() {
+                    return Err(format!("{:?}", rdkafka::types::RDKafkaRespErr::from(e)));
+                }
+                let mut tpl = TopicPartitionList::new();
+                for p in t.partitions() {
+                    tpl.add_partition(&topic, p.id());
+                }
+                let committed =
+                    consumer.committed_offsets(tpl, TIMEOUT).map_err(|e| format!("committed offsets: {e}"))?;
+                let mut open = HashMap::new();
+                let mut assign = TopicPartitionList::new();
+                for e in committed.elements() {
+                    let (low, high) = consumer
+                        .fetch_watermarks(&topic, e.partition(), TIMEOUT)
+                        .map_err(|x| format!("the end of partition {}: {x}", e.partition()))?;
+                    let from = match e.offset() {
+                        Offset::Offset(o) => o.max(low),
+                        _ => low,
+                    };
+                    if from < high {
+                        open.insert(e.partition(), high);
+                        assign
+                            .add_partition_offset(&topic, e.partition(), Offset::Offset(from))
+                            .map_err(|x| x.to_string())?;
+                    }
+                }
+                consumer.assign(&assign).map_err(|e| format!("assign: {e}"))?;
+                Ok((consumer, open))
+            }
+        })
+        .await
+        .expect("the dead-letter reader")
+        .map_err(what)?;
+        Ok(Self { topic: topic.to_string(), consumer, open, last: None, dry_run })
+    }
+
+    async fn next(&mut self) -> Result<Option<Result<Entry, String>>, ReplayError> {
+        loop {
+            if self.open.is_empty() {
+                return Ok(None);
+            }
+            let m = tokio::time::timeout(Duration::from_secs(60), self.consumer.recv())
+                .await
+                .map_err(|_| {
+                    ReplayError::Kafka(format!(
+                        "dead-letter topic {:?}: no record within 60 s before the end of partitions {:?}",
+                        self.topic,
+                        self.open.keys().collect::<Vec<_>>()
+                    ))
+                })?
+                .map_err(|e| ReplayError::Kafka(format!("dead-letter topic {:?}: {e}", self.topic)))?;
+            let (p, o) = (m.partition(), m.offset());
+            let Some(end) = self.open.get(&p).copied() else { continue };
+            if o >= end {
+                self.open.remove(&p);
+                continue;
+            }
+            if o + 1 >= end {
+                self.open.remove(&p);
+            }
+            self.last = Some((p, o));
+            return Ok(Some(entry_of(&m).map_err(|e| format!("{} partition {p} offset {o}: {e}", self.topic))));
+        }
+    }
+
+    fn done(&mut self) -> Result<(), ReplayError> {
+        let Some((p, o)) = self.last.take() else { return Ok(()) };
+        if self.dry_run {
+            return Ok(());
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&self.topic, p, Offset::Offset(o + 1)).expect("an offset");
+        self.consumer
+            .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
+            .map_err(|e| ReplayError::Kafka(format!("committing the replay's progress (group offsets): {e}")))
+    }
+}
+
+fn entry_of(m: &BorrowedMessage<'_>) -> Result<Entry, String> {
+    let header = |name: &str| {
+        m.headers().and_then(|h| {
+            h.iter().find(|x| x.key == name).and_then(|x| x.value).map(|v| String::from_utf8_lossy(v).into_owned())
+        })
+    };
+    let payload = m.payload().ok_or("a record without a value")?;
+    Entry::parse(
+        payload,
+        header("kubecast_original_destination").unwrap_or_default(),
+        header("kubecast_dead_letter_reason").unwrap_or_default(),
+        header("kubecast_data_dropped").as_deref() == Some("true"),
+    )
+}
+
+pub struct NatsReader {
+    subject: String,
+    messages: async_nats::jetstream::consumer::pull::Stream,
+    pending: u64,
+    last: Option<async_nats::jetstream::Message>,
+    dry_run: bool,
+}
+
+impl NatsReader {
+    pub async fn open(
+        js: &async_nats::jetstream::Context,
+        subject: &str,
+        progress: &str,
+        dry_run: bool,
+    ) -> Result<Self, ReplayError> {
+        use async_nats::jetstream::consumer::{self, AckPolicy, DeliverPolicy, pull};
+        let what = |e: String| ReplayError::Nats(format!("dead-letter subject {subject:?}: {e}"));
+        let name = js
+            .stream_by_subject(subject)
+            .await
+            .map_err(|e| what(format!("no stream covers it, so there are no dead letters to replay ({e})")))?;
+        let stream = js.get_stream(&name).await.map_err(|e| what(format!("stream {name}: {e}")))?;
+        // The durable consumer's acknowledged floor: where replay got to.
+        let floor = match stream.consumer_info(progress).await {
+            Ok(info) => info.ack_floor.stream_sequence,
+            Err(_) => 0,
+        };
+        let config = pull::Config {
+            filter_subject: subject.to_string(),
+            ack_policy: if dry_run { AckPolicy::None } else { AckPolicy::Explicit },
+            deliver_policy: if dry_run && floor > 0 {
+                DeliverPolicy::ByStartSequence { start_sequence: floor + 1 }
+            } else {
+                DeliverPolicy::All
+            },
+            durable_name: (!dry_run).then(|| progress.to_string()),
+            ack_wait: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let mut consumer: consumer::PullConsumer = if dry_run {
+            stream.create_consumer(config).await
+        } else {
+            stream.get_or_create_consumer(progress, config).await
+        }
+        .map_err(|e| what(format!("consumer {progress}: {e}")))?;
+        let pending = consumer.info().await.map_err(|e| what(format!("consumer {progress}: {e}")))?.num_pending;
+        let messages = consumer.messages().await.map_err(|e| what(format!("consumer {progress}: {e}")))?;
+        Ok(Self { subject: subject.to_string(), messages, pending, last: None, dry_run })
+    }
+
+    async fn next(&mut self) -> Result<Option<Result<Entry, String>>, ReplayError> {
+        if self.pending == 0 {
+            return Ok(None);
+        }
+        let m = tokio::time::timeout(Duration::from_secs(60), self.messages.next())
+            .await
+            .map_err(|_| ReplayError::Nats(format!("dead-letter subject {:?}: no message within 60 s", self.subject)))?
+            .ok_or_else(|| ReplayError::Nats(format!("dead-letter subject {:?}: the consumer ended", self.subject)))?
+            .map_err(|e| ReplayError::Nats(format!("dead-letter subject {:?}: {e}", self.subject)))?;
+        self.pending -= 1;
+        let header = |name: &str| m.headers.as_ref().and_then(|h| h.get(name)).map(|v| v.as_str().to_string());
+        let entry = Entry::parse(
+            &m.payload,
+            header("Kubecast-Original-Destination").unwrap_or_default(),
+            header("Kubecast-Dead-Letter-Reason").unwrap_or_default(),
+            header("Kubecast-Data-Dropped").as_deref() == Some("true"),
+        )
+        .map_err(|e| format!("{} ({}): {e}", self.subject, m.info().map(|i| i.stream_sequence).unwrap_or_default()));
+        self.last = Some(m);
+        Ok(Some(entry))
+    }
+
+    async fn done(&mut self) -> Result<(), ReplayError> {
+        let Some(m) = self.last.take() else { return Ok(()) };
+        if self.dry_run {
+            return Ok(());
+        }
+        m.double_ack().await.map_err(|e| ReplayError::Nats(format!("acknowledging the replay's progress: {e}")))
+    }
+}
