@@ -100,6 +100,17 @@ async fn metric(kc: &mut Kubecast, name: &str) -> Option<f64> {
     metrics.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
+/// The largest value of the labeled series of `name`.
+async fn labeled_max(kc: &mut Kubecast, name: &str) -> Option<f64> {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let prefix = format!("{name}{{");
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(f64::max)
+}
+
 /// Thirty objects deleted while the broker is paused: librdkafka's queue (21 records here)
 /// fills with ten deletes and their tombstones and the eleventh delete's event; its tombstone
 /// waits for room, so that event is in the open transaction, not acknowledged. SIGTERM: the
@@ -408,6 +419,9 @@ async fn a_long_broker_outage_keeps_the_uncommitted_events_bounded_and_loses_not
         // No commit for far longer than the documented threshold (30 s here): not ready, naming
         // why, while events wait unseen by read_committed consumers.
         kc.wait_ready_reason("no exactly-once commit succeeded for").await;
+        // The alert's gauge says as much (its threshold: 30 s here).
+        let failing = labeled_max(&mut kc, "kubecast_exactly_once_commit_failing_seconds").await;
+        assert!(failing.is_some_and(|s| s >= 30.0), "kubecast_exactly_once_commit_failing_seconds: {failing:?}");
     }
     eprintln!(
         "RSS before the outage: {before} KiB; during it (RSS KiB, uncommitted bytes, queue depth, changes read):"
@@ -440,6 +454,7 @@ async fn a_long_broker_outage_keeps_the_uncommitted_events_bounded_and_loses_not
     }
     let ready = kc.wait_ready(200).await;
     assert!(!ready.contains("no exactly-once commit"), "{ready}");
+    assert_eq!(labeled_max(&mut kc, "kubecast_exactly_once_commit_failing_seconds").await, Some(0.0));
     let judged =
         futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(traffic.finish(Delivery::ExactlyOnce, WAIT)))
             .await;
