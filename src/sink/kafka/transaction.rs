@@ -25,9 +25,13 @@
 //! `transactional.id` (another owner), refused by the broker for a set-up reason (a missing
 //! ACL, a transaction timeout above the broker's maximum: no other owner), or any other fatal
 //! error of librdkafka's transaction manager. The caller stops the process.
-//! Delivery reports are read for one thing only: a record rejected for good (a topic that
-//! does not exist, not authorized, too large) would fail every retry of the transaction, so
-//! it is reported as [`TxnError::Poison`], naming the topic and the fix.
+//! Delivery reports are read for one thing only: a record rejected for good would fail every
+//! retry of the transaction. One too large for its topic is reported as [`TxnError::Poison`]
+//! (the process stops, naming the topic and the fix: exactly-once cannot skip it). One whose
+//! topic refuses every record, a set-up mistake (a topic that does not exist, a Write
+//! permission not granted), is [`TxnError::RecordRefused`]: the transaction is aborted, its
+//! events are kept, and the commits are tried again with a growing pause (up to 30 s) until
+//! the operator fixes it; nothing is lost and nothing needs a restart.
 //!
 //! In every state the events kept are bounded ([`Limits`]: `[sink.kafka]
 //! max_uncommitted_events`, `max_uncommitted_bytes`): once reached, a send waits, outside
@@ -76,6 +80,8 @@ pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long an abandoned transaction's abort may take (else the broker aborts it when the
 /// next process takes the `transactional.id` over, or after `transaction.timeout.ms`).
 const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest pause between two commits while a record's destination refuses every record.
+const REFUSED_MAX: Duration = Duration::from_secs(30);
 
 /// How often a send waiting for room looks again even if no commit or abort told it.
 const ROOM_CHECK: Duration = Duration::from_secs(1);
@@ -120,6 +126,9 @@ struct Inner {
     full: bool,
     /// `events` and `event_bytes` as this transaction's part of the process's gauges.
     gauges: (GaugeShare, GaugeShare),
+    /// A record's topic refused it ([`TxnError::RecordRefused`]): no commit is tried before
+    /// this instant (the pause doubles at each refusal, from 1 s up to 30 s), and the error.
+    refused: Option<(Instant, Duration, TxnError)>,
 }
 
 impl Inner {
@@ -134,7 +143,7 @@ pub struct Transaction {
     config: ClientConfig,
     connected: Arc<AtomicBool>,
     /// The first record rejected for good, shared by every producer of this transaction.
-    poison: Arc<Mutex<Option<String>>>,
+    poison: Arc<Mutex<Option<context::Rejected>>>,
     /// `transaction.timeout.ms`.
     timeout: Duration,
     /// `None`: never taken over again (the fence stops the process).
@@ -205,6 +214,7 @@ impl Transaction {
                     GaugeShare::new(&metrics::get().transaction_events),
                     GaugeShare::new(&metrics::get().transaction_bytes),
                 ),
+                refused: None,
             }),
             max_record,
             gate: Arc::new(Gate::default()),
@@ -394,10 +404,27 @@ impl Transaction {
     /// is harmless).
     pub fn commit(&self, records: &[Record]) -> Result<(), TxnError> {
         let mut inner = self.lock();
-        match self.commit_locked(&mut inner, records) {
+        if let Some((until, _, err)) = &inner.refused
+            && Instant::now() < *until
+            && inner.state != State::Abandoned
+        {
+            return Err(err.clone());
+        }
+        let result = match self.commit_locked(&mut inner, records) {
             Err(TxnError::Fenced(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
             other => other,
+        };
+        match &result {
+            Err(e @ TxnError::RecordRefused { .. }) => {
+                let pause =
+                    inner.refused.as_ref().map_or(Duration::from_secs(1), |(_, p, _)| (*p * 2).min(REFUSED_MAX));
+                warn!(error = %e, retry_in = ?pause, events = inner.events.len(), "{}: a record's destination refuses every record (a set-up mistake); the transaction is aborted and its events kept, nothing is committed until it is fixed", self.what);
+                inner.refused = Some((Instant::now() + pause, pause, e.clone()));
+            }
+            Ok(()) => inner.refused = None,
+            Err(_) => {}
         }
+        result
     }
 
     fn commit_locked(&self, inner: &mut Inner, records: &[Record]) -> Result<(), TxnError> {
@@ -613,6 +640,10 @@ impl Transaction {
 
     fn poisoned(&self) -> Option<TxnError> {
         let p = self.poison.lock().expect("poison lock").take()?;
+        if let Some(refusal) = p.refusal {
+            return Some(TxnError::RecordRefused { refusal, reason: format!("{}: {}", self.what, p.text) });
+        }
+        let p = p.text;
         Some(TxnError::Poison(format!(
             "{}: {p}; no retry can deliver it, and exactly-once cannot skip it (fix: create the topic, grant the producer access, or raise the topic's max.message.bytes; then restart kubecast)",
             self.what

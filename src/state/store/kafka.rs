@@ -95,6 +95,7 @@ fn txn_error(what: &str, e: TxnError) -> CheckpointError {
         TxnError::Abandoned(_) => CheckpointError::Abandoned { what },
         TxnError::Fatal(why) | TxnError::Poison(why) => CheckpointError::Unusable { what, why },
         TxnError::Retriable(cause) => broker(what, cause),
+        e @ TxnError::RecordRefused { .. } => broker(what, e),
     }
 }
 

@@ -12,10 +12,19 @@ use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::ProducerContext;
 use tracing::error;
 
+/// The first record of a transaction rejected for good, and why.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    /// A set-up mistake (a missing topic, a permission not granted): the destination refuses
+    /// every record, not this one; `None`: this record can never be delivered (too large).
+    pub refusal: Option<crate::model::Refusal>,
+    pub text: String,
+}
+
 /// Logs librdkafka's messages and keeps the first record rejected for good.
 pub struct TxnContext {
     pub(super) connected: Arc<AtomicBool>,
-    pub(super) poison: Arc<Mutex<Option<String>>>,
+    pub(super) poison: Arc<Mutex<Option<Rejected>>>,
 }
 
 impl ClientContext for TxnContext {
@@ -45,10 +54,12 @@ impl ProducerContext for TxnContext {
             Err((e, m)) => {
                 // A record no retry delivers, or a set-up mistake (a missing topic or ACL): the
                 // transaction would fail the same way at every retry.
-                if super::super::rejected::rejected_for_good(e) || super::super::rejected::refusal(e).is_some() {
+                let refusal = super::super::rejected::refusal(e);
+                if super::super::rejected::rejected_for_good(e) || refusal.is_some() {
                     let mut p = self.poison.lock().expect("poison lock");
                     if p.is_none() {
-                        *p = Some(format!("a record for topic {} was rejected: {e}", m.topic()));
+                        let text = format!("a record for topic {} was rejected: {e}", m.topic());
+                        *p = Some(Rejected { refusal, text });
                     }
                 }
             }

@@ -33,12 +33,17 @@ pub enum TxnError {
     /// A record that no retry will deliver: kubecast stops (nothing of it was committed).
     #[error("{0}")]
     Poison(String),
+    /// A record's destination refuses every record, a set-up mistake (a topic that does not
+    /// exist, a Write permission not granted): not committed; its events are kept and produced
+    /// again, with a growing pause between the attempts, until the operator fixes it.
+    #[error("{reason} ({refusal}; fix: {})", refusal.fix())]
+    RecordRefused { refusal: Refusal, reason: String },
 }
 
 impl TxnError {
     /// Whether the producer cannot go on (nothing more is tried with it).
     pub fn ends_the_producer(&self) -> bool {
-        !matches!(self, TxnError::Retriable(_))
+        !matches!(self, TxnError::Retriable(_) | TxnError::RecordRefused { .. })
     }
 }
 

@@ -50,7 +50,7 @@ pub(super) fn new_producer(
     config: &ClientConfig,
     what: &str,
     connected: &Arc<AtomicBool>,
-    poison: &Arc<Mutex<Option<String>>>,
+    poison: &Arc<Mutex<Option<super::context::Rejected>>>,
 ) -> Result<ThreadedProducer<TxnContext>, TxnError> {
     let producer: ThreadedProducer<TxnContext> = config
         .create_with_context(TxnContext { connected: connected.clone(), poison: poison.clone() })
