@@ -271,7 +271,9 @@ async fn operations_md_documents_exactly_the_metrics_kubecast_serves() {
     let sharded = common::lease_cm_config(&ns.name, &common::unique("lease"))
         .replace("enabled = true\n", "enabled = true\nshards = 2\n");
     let checkpoint = format!("store = \"kafka\"\n[checkpoint.kafka]\ntopic = \"{}\"\n", common::unique("docs-state"));
-    let mut kc = Kubecast::start_with_sink(&sharded, &sink, &checkpoint, &[]);
+    // Exactly-once here: its commit gauge (per transactional.id) too.
+    let eos = format!("{sink}exactly_once = true\n");
+    let mut kc = Kubecast::start_with_sink(&sharded, &eos, &checkpoint, &[]);
     kc.wait_log("list complete", 2).await;
     let (status, sharded_body) = kc.admin_get("/metrics").await;
     assert_eq!(status, 200, "{sharded_body}");
