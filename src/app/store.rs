@@ -29,36 +29,50 @@ pub fn epoch_floor(config: &Config) -> Option<crate::state::lease::EpochFloor> {
         return None;
     }
     let config = std::sync::Arc::new(config.clone());
+    // Read once per process (a sharded replica creates several Leases at once): later
+    // creations reuse it. An error is not kept: the next creation reads again.
+    let known = std::sync::Arc::new(tokio::sync::Mutex::new(None::<i32>));
     Some(std::sync::Arc::new(move || {
-        let config = config.clone();
+        let (config, known) = (config.clone(), known.clone());
         Box::pin(async move {
-            let c = &config.checkpoint;
-            let sink = Sink::open(&config.sink, 1).await.map_err(|e| e.to_string())?;
-            let scanned = if c.store == StoreKind::Kafka {
-                let client = kafka_client(&config, &sink).map_err(|e| e.to_string())?;
-                let (cc, topic) = (client.clone(), c.kafka.topic.clone());
-                let looked = tokio::task::spawn_blocking(move || {
-                    crate::sink::kafka::lookup::lookup_topics(&cc, &[topic], Duration::from_secs(10))
-                })
-                .await
-                .expect("lookup task")?;
-                if matches!(looked.0.first(), Some((_, crate::sink::kafka::lookup::TopicState::Missing))) {
-                    // No state topic yet: nothing was written, nothing to be above.
-                    return Ok(0);
-                }
-                crate::state::store::kafka::scan(&client, &c.kafka.topic).await
-            } else {
-                let client = nats_client(&config, &sink).await.map_err(|e| e.to_string())?;
-                let js = async_nats::jetstream::new(client.clone());
-                match js.get_key_value(&c.nats.bucket).await {
-                    Err(e) if e.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket => return Ok(0),
-                    _ => crate::state::store::nats::scan(&client, &c.nats.bucket).await,
-                }
-            };
-            let epochs = scanned.map_err(|e| e.to_string())?.iter().map(|s| s.record.epoch).max();
-            Ok(epochs.map_or(0, |e| i32::try_from(e.saturating_add(1)).unwrap_or(i32::MAX)))
+            let mut known = known.lock().await;
+            if let Some(floor) = *known {
+                return Ok(floor);
+            }
+            let floor = read_epoch_floor(&config).await?;
+            *known = Some(floor);
+            Ok(floor)
         })
     }))
+}
+
+/// One above the highest epoch of the broker store's records; 0 when there is no state.
+async fn read_epoch_floor(config: &Config) -> Result<i32, String> {
+    let c = &config.checkpoint;
+    let sink = Sink::open(&config.sink, 1).await.map_err(|e| e.to_string())?;
+    let scanned = if c.store == StoreKind::Kafka {
+        let client = kafka_client(config, &sink).map_err(|e| e.to_string())?;
+        let (cc, topic) = (client.clone(), c.kafka.topic.clone());
+        let looked = tokio::task::spawn_blocking(move || {
+            crate::sink::kafka::lookup::lookup_topics(&cc, &[topic], Duration::from_secs(10))
+        })
+        .await
+        .expect("lookup task")?;
+        if matches!(looked.0.first(), Some((_, crate::sink::kafka::lookup::TopicState::Missing))) {
+            // No state topic yet: nothing was written, nothing to be above.
+            return Ok(0);
+        }
+        crate::state::store::kafka::scan(&client, &c.kafka.topic).await
+    } else {
+        let client = nats_client(config, &sink).await.map_err(|e| e.to_string())?;
+        let js = async_nats::jetstream::new(client.clone());
+        match js.get_key_value(&c.nats.bucket).await {
+            Err(e) if e.kind() == async_nats::jetstream::context::KeyValueErrorKind::GetBucket => return Ok(0),
+            _ => crate::state::store::nats::scan(&client, &c.nats.bucket).await,
+        }
+    };
+    let epochs = scanned.map_err(|e| e.to_string())?.iter().map(|s| s.record.epoch).max();
+    Ok(epochs.map_or(0, |e| i32::try_from(e.saturating_add(1)).unwrap_or(i32::MAX)))
 }
 
 /// The uid of the `kube-system` namespace: what tells two clusters with one `[cluster] name`
