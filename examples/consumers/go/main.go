@@ -96,10 +96,17 @@ func toEvent(m binding.Message) (*event.Event, bool) {
 	return e, m.ReadEncoding() == binding.EncodingBinary
 }
 
-func consumeKafka(brokers, topic string, idle time.Duration, v *View) {
+func consumeKafka(brokers, topic, isolation string, idle time.Duration, v *View) {
 	cfg := sarama.NewConfig()
 	cfg.Version = sarama.V2_1_0_0 // the oldest protocol Kafka 4 speaks
 	cfg.Metadata.AllowAutoTopicCreation = false
+	// read_committed (the default here; sarama's own is read_uncommitted): with kubecast's
+	// exactly_once only committed transactions, each change once; without transactions it
+	// reads every record either way. read_uncommitted also sees aborted transactions' records,
+	// which the dedupe then drops.
+	if isolation == "read_committed" {
+		cfg.Consumer.IsolationLevel = sarama.ReadCommitted
+	}
 	consumer, err := sarama.NewConsumer(strings.Split(brokers, ","), cfg)
 	if err != nil {
 		log.Fatalf("kafka: %v", err)
@@ -181,12 +188,17 @@ func main() {
 	subject := flag.String("subject", "", "NATS subject filter, e.g. 'kubecast.prod.core.configmaps.>'")
 	stream := flag.String("stream", "", "JetStream stream name (default: the one covering -subject)")
 	idleSeconds := flag.Float64("idle-seconds", 5, "stop after this long without a message")
+	isolation := flag.String("isolation", "read_committed", "Kafka: read_committed (with kubecast's exactly_once) or read_uncommitted")
 	flag.Parse()
+	if *isolation != "read_committed" && *isolation != "read_uncommitted" {
+		fmt.Fprintln(os.Stderr, "-isolation: read_committed or read_uncommitted")
+		os.Exit(2)
+	}
 	idle := time.Duration(*idleSeconds * float64(time.Second))
 	v := &View{seen: map[string]bool{}, objects: map[string]*object{}}
 	switch {
 	case *brokers != "" && *topic != "":
-		consumeKafka(*brokers, *topic, idle, v)
+		consumeKafka(*brokers, *topic, *isolation, idle, v)
 	case *url != "" && *subject != "":
 		consumeNATS(*url, *subject, *stream, idle, v)
 	default:

@@ -70,6 +70,10 @@ def consume_kafka(args, view):
         "bootstrap.servers": args.kafka,
         "group.id": args.group,  # offsets are never committed: the view is rebuilt each run
         "enable.auto.commit": False,
+        # read_committed (librdkafka's default too): with kubecast's exactly_once only committed
+        # transactions, each change once; without transactions it reads every record either
+        # way. read_uncommitted also sees aborted transactions' records, which the dedupe drops.
+        "isolation.level": args.isolation,
     })
     # Every partition from its beginning, no group rebalancing: the whole topic, each
     # partition in its own order (an object's events are all in one partition).
@@ -126,6 +130,8 @@ def main():
     p.add_argument("--subject", help="NATS subject filter, e.g. 'kubecast.prod.core.configmaps.>'")
     p.add_argument("--stream", help="JetStream stream name (default: the one covering --subject)")
     p.add_argument("--idle-seconds", type=float, default=5.0, help="stop after this long without a message")
+    p.add_argument("--isolation", choices=["read_committed", "read_uncommitted"], default="read_committed",
+                   help="Kafka: read_committed with kubecast's exactly_once")
     args = p.parse_args()
     view = View()
     if args.kafka and args.topic:
