@@ -669,8 +669,14 @@ fn monitoring_values_render_the_alerts_and_the_dashboard_for_the_grafana_sidecar
     let rule = one(&objs, "PrometheusRule");
     assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
     let rules = rule["spec"]["groups"][0]["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 7);
+    assert_eq!(rules.len(), 8);
     assert!(rules.iter().all(|r| r["labels"]["team"] == "platform"), "{rules:?}");
+    // kubecast's own threshold for the commits: 3 intervals (1 s by default), at least 30 s.
+    let commits = rules.iter().find(|r| r["alert"] == "KubecastExactlyOnceCommitsFailing").unwrap();
+    assert_eq!(
+        commits["expr"],
+        r#"kubecast_exactly_once_commit_failing_seconds{job="k-kubecast",namespace="kc"} > 30"#
+    );
     let age = rules.iter().find(|r| r["alert"] == "KubecastCheckpointTooOld").unwrap();
     assert_eq!(age["expr"], r#"kubecast_checkpoint_age_seconds{job="k-kubecast",namespace="kc"} > 600"#);
     let dashboards: Vec<_> =
