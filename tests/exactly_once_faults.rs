@@ -273,6 +273,52 @@ async fn sigterm_while_the_broker_does_not_answer_exits_by_the_deadline_and_lose
     assert!(kc.stop().success(), "{}", kc.log());
 }
 
+/// SIGTERM while the state store is being opened against a broker that does not answer
+/// (paused): opening the Kafka store can wait for minutes (the topic's metadata, then
+/// `init_transactions`, then the load), longer than a pod's grace period. kubecast stops
+/// waiting at the signal, exits 0 within `shutdown_timeout_seconds` and a margin, and gives
+/// the Lease back, so that another replica takes over at once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_while_the_state_store_opens_against_a_paused_broker_exits_and_gives_the_lease_back() {
+    let _one = PAUSE.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-open-term").await;
+    let lease = common::unique("open-term");
+    let config = common::lease_cm_config(&ns.name, &lease) + "[delivery]\nshutdown_timeout_seconds = 3\n";
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{}\"\n",
+        common::env_var("KAFKA_BROKERS"),
+        common::unique("open-term")
+    );
+    let checkpoint =
+        format!("store = \"kafka\"\n[checkpoint.kafka]\ntopic = \"{}\"\n", common::unique("open-term-state"));
+    let took = {
+        let _paused = common::Paused::now("kafka", Duration::from_secs(90));
+        let mut kc = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+        kc.wait_log("opening the state store", 1).await;
+        // Well into the wait for the broker.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(kc.exited().is_none(), "{}", kc.log());
+        let term = Instant::now();
+        kc.signal("TERM");
+        let status = kc.wait_exit(Duration::from_secs(90)).await;
+        assert!(status.success(), "a clean stop: {status}\n{}", kc.log());
+        term.elapsed()
+    };
+    assert!(
+        took <= Duration::from_secs(3 + 3),
+        "SIGTERM to exit took {took:?} while the store was opening: more than shutdown_timeout_seconds (3) + 3 s"
+    );
+    let held = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), &ns.name)
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty());
+    assert_eq!(held, None, "the Lease was given back");
+}
+
 /// kubecast's resident set, from `/proc/<pid>/status`, in KiB.
 fn rss_kib(kc: &Kubecast) -> u64 {
     let pid = kc.pid().expect("kubecast runs");

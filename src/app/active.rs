@@ -153,6 +153,12 @@ pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Resu
 }
 
 /// Opens the state store and loads every stream's position; `false` when shutdown came first.
+/// Shutdown (or the shard given up) ends every wait in it at once: a broker that does not
+/// answer can hold a step for minutes (the state topic's creation up to 60 s,
+/// `init_transactions` 30 s, the load up to 300 s), longer than a pod's grace period, and the
+/// Lease would then not be given back. Nothing is written before the load ends, so stopping
+/// anywhere in it leaves the state as it was (a blocking broker call still running ends by
+/// itself, its result unused).
 async fn open_state(
     pipeline: &mut Pipeline,
     client: &kube::Client,
@@ -162,13 +168,19 @@ async fn open_state(
     health: &Health,
     cancel: &CancellationToken,
 ) -> Result<bool, RunError> {
-    let owner = Owner { cluster_uid: store::cluster_uid(client).await, epoch, writer };
-    let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
-    let Some(state) = store::open(&pipeline.config, sink, &keys, owner, health, cancel).await? else {
-        return Ok(false);
+    let opened = async {
+        let owner = Owner { cluster_uid: store::cluster_uid(client).await, epoch, writer };
+        let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
+        let Some(state) = store::open(&pipeline.config, sink, &keys, owner, health, cancel).await? else {
+            return Ok(false);
+        };
+        pipeline.load(state).await?;
+        Ok(true)
     };
-    pipeline.load(state).await?;
-    Ok(true)
+    tokio::select! {
+        opened = opened => opened,
+        () = cancel.cancelled() => Ok(false),
+    }
 }
 
 /// Stops the lease keeper, if it still runs: it gives the Lease up, so a standby takes over at

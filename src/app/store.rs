@@ -29,19 +29,39 @@ pub fn epoch_floor(config: &Config) -> Option<crate::state::lease::EpochFloor> {
         return None;
     }
     let config = std::sync::Arc::new(config.clone());
-    // Read once per process (a sharded replica creates several Leases at once): later
-    // creations reuse it. An error is not kept: the next creation reads again.
-    let known = std::sync::Arc::new(tokio::sync::Mutex::new(None::<i32>));
+    // Read once per process (a sharded replica creates several Leases at once), in a task of
+    // its own: a Lease attempt is bounded by the retry period, and a read cut short by it
+    // would start over at every attempt (a large state topic takes longer to read than that).
+    // The attempts wait for the one read; an error is not kept: the next creation reads again.
+    type Read = tokio::sync::watch::Receiver<Option<Result<i32, String>>>;
+    let reading: std::sync::Arc<std::sync::Mutex<Option<Read>>> = std::sync::Arc::default();
     Some(std::sync::Arc::new(move || {
-        let (config, known) = (config.clone(), known.clone());
-        Box::pin(async move {
-            let mut known = known.lock().await;
-            if let Some(floor) = *known {
-                return Ok(floor);
+        let mut rx = {
+            let mut reading = reading.lock().expect("epoch floor lock");
+            match &*reading {
+                Some(rx) => rx.clone(),
+                None => {
+                    let (tx, rx) = tokio::sync::watch::channel(None);
+                    let config = config.clone();
+                    tokio::spawn(async move {
+                        let _ = tx.send(Some(read_epoch_floor(&config).await));
+                    });
+                    *reading = Some(rx.clone());
+                    rx
+                }
             }
-            let floor = read_epoch_floor(&config).await?;
-            *known = Some(floor);
-            Ok(floor)
+        };
+        let reading = reading.clone();
+        Box::pin(async move {
+            let read = match rx.wait_for(Option::is_some).await {
+                Ok(read) => read.clone().expect("a value"),
+                Err(_) => Err("the read of the state store's epochs stopped".to_string()),
+            };
+            if read.is_err() {
+                // Read again at the next creation.
+                *reading.lock().expect("epoch floor lock") = None;
+            }
+            read
         })
     }))
 }

@@ -364,11 +364,19 @@ impl Elector {
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(in_words(&e).to_string()))?;
         let Some(mut lease) = existing else {
+            // The read of the store runs on its own (it may take longer than an attempt may):
+            // until it is done, no Lease is created and the attempt says so.
             let start = match &self.floor {
                 None => 0,
-                Some(floor) => match floor().await {
-                    Ok(epoch) => epoch,
-                    Err(e) => {
+                Some(floor) => match futures::FutureExt::now_or_never(floor()) {
+                    None => {
+                        return Ok(Attempt::Other {
+                            holder: "(nobody yet: reading the state store's epochs to create the Lease above them)"
+                                .into(),
+                        });
+                    }
+                    Some(Ok(epoch)) => epoch,
+                    Some(Err(e)) => {
                         warn!(lease = %self.lease(), error = %e, "the state store could not be read to start the new Lease above its epochs; it starts at 0 (a store written under a higher epoch refuses this holder once)");
                         0
                     }
