@@ -523,6 +523,11 @@ fn nats_values_mount_the_creds_file_and_grant_core_and_crd_resources_cluster_wid
         &["store = \"nats\"", "[delivery.dead_letter]", "type = \"broker\"", "destination = \"kubecast.dead-letter\""],
     );
     assert!(!config_toml(&render("minimal", &[])).contains("[delivery.dead_letter]"), "not with a stdout sink");
+    // Another subject prefix: the default dead letter under it, where the events' stream covers it.
+    assert_has_lines(
+        &config_toml(&render("nats-creds", &["config.sink.nats.subject=orders.{namespace}"])),
+        &["destination = \"orders.dead-letter\""],
+    );
     assert!(
         !config_toml(&render("nats-creds", &["config.brokerDeadLetter="])).contains("[delivery.dead_letter]"),
         "emptied: kubecast's default"

@@ -55,11 +55,13 @@ pub async fn check(config: &Config) -> Result<Vec<Finding>, String> {
         ))]);
     }
     let sink = Sink::open(&config.sink, config.delivery.max_in_flight).await.map_err(|e| e.to_string())?;
-    Ok(destinations(config, &client, &sink).await)
+    Ok(destinations(config, &client, &sink, false).await)
 }
 
 /// Looks up every destination the configuration names; `client` for the resources' kinds.
-pub async fn destinations(config: &Config, client: &kube::Client, sink: &Sink) -> Vec<Finding> {
+/// `started`: at the start of `run`, after kubecast created what it creates (its JetStream
+/// stream): a subject still not covered is a problem then, not a note.
+pub async fn destinations(config: &Config, client: &kube::Client, sink: &Sink, started: bool) -> Vec<Finding> {
     let samples = sample_fields(config, client).await;
     let mut findings = Vec::new();
     if samples.len() < config.resources.iter().map(|r| r.events.len()).sum::<usize>() {
@@ -116,7 +118,7 @@ pub async fn destinations(config: &Config, client: &kube::Client, sink: &Sink) -
                 sampled.push(false);
             }
         }
-        let mut found = nats_subjects(n, &subjects).await;
+        let mut found = nats_subjects(n, &subjects, started).await;
         if found.len() == subjects.len() {
             for (f, sampled) in found.iter_mut().zip(&sampled) {
                 f.certain = !sampled;
@@ -193,7 +195,7 @@ async fn kafka_topics(
     out
 }
 
-async fn nats_subjects(n: &NatsSink, subjects: &[(String, &'static str)]) -> Vec<Finding> {
+async fn nats_subjects(n: &NatsSink, subjects: &[(String, &'static str)], started: bool) -> Vec<Finding> {
     let mut out = Vec::new();
     if !n.is_connected() {
         // The client connects in the background: give it a moment.
@@ -210,7 +212,7 @@ async fn nats_subjects(n: &NatsSink, subjects: &[(String, &'static str)]) -> Vec
     for (subject, what) in subjects {
         match n.stream_for(subject).await {
             Ok(Some(stream)) => out.push(Finding::note(format!("NATS {what} {subject:?}: stream {stream} covers it"))),
-            Ok(None) if n.creates_stream() => out.push(Finding::note(format!(
+            Ok(None) if n.creates_stream() && !started => out.push(Finding::note(format!(
                 "NATS {what} {subject:?}: no stream covers it yet; kubecast creates its stream at start (sink.nats.create_stream)"
             ))),
             Ok(None) => out.push(Finding::problem(format!(
@@ -237,7 +239,7 @@ pub async fn watch_at_start(config: &Config, client: &kube::Client, sink: &Sink,
     }
     let mut said = Vec::new();
     loop {
-        let findings = destinations(config, client, sink).await;
+        let findings = destinations(config, client, sink, true).await;
         for f in &findings {
             if said.contains(&f.text) {
                 continue;

@@ -226,7 +226,7 @@ chart refuses it (the kubelet would SIGKILL kubecast before its final checkpoint
 {{- $_ := set $cfg "sink" (deepCopy .Values.config.sink) }}
 {{- $delivery := deepCopy (.Values.config.delivery | default dict) }}
 {{- if include "kubecast.brokerDeadLetter" . }}
-{{- $_ := set $delivery "dead_letter" (dict "type" "broker" "destination" .Values.config.brokerDeadLetter) }}
+{{- $_ := set $delivery "dead_letter" (dict "type" "broker" "destination" (include "kubecast.deadLetterDestination" .)) }}
 {{- end }}
 {{- if $delivery }}
 {{- $_ := set $cfg "delivery" $delivery }}
@@ -461,4 +461,23 @@ config.brokerDeadLetter not empty, and no config.delivery.dead_letter (nor confi
 {{- define "kubecast.brokerDeadLetter" -}}
 {{- $sink := .Values.config.sink | default dict }}
 {{- if and (not .Values.config.raw) .Values.config.brokerDeadLetter (has ($sink.type | default "stdout") (list "kafka" "nats")) (not (hasKey (.Values.config.delivery | default dict) "dead_letter")) }}true{{ end }}
+{{- end }}
+
+{{/*
+"kubecast.deadLetterDestination": config.brokerDeadLetter; with a NATS sink whose subject
+template does not start with "kubecast.", the default "kubecast.dead-letter" becomes
+"<the template's literal prefix>dead-letter", so that the stream covering the events' subjects
+(kubecast creates it over "<prefix>>") covers the dead letter too.
+*/}}
+{{- define "kubecast.deadLetterDestination" -}}
+{{- $dl := .Values.config.brokerDeadLetter }}
+{{- $sink := .Values.config.sink | default dict }}
+{{- if and (eq ($sink.type | default "") "nats") (eq $dl "kubecast.dead-letter") }}
+{{- $subject := (($sink.nats | default dict).subject | default "kubecast.{cluster}.{group}.{resource}.{namespace}") }}
+{{- $prefix := regexFind "^[^{]*" $subject }}
+{{- if and $prefix (hasSuffix "." $prefix) (ne $prefix "kubecast.") }}
+{{- $dl = printf "%sdead-letter" $prefix }}
+{{- end }}
+{{- end }}
+{{- $dl }}
 {{- end }}
