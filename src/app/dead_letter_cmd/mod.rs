@@ -16,7 +16,10 @@
 //! replay there (exit 1), with the progress kept.
 
 mod entry;
+mod error;
 mod read;
+
+pub use error::ReplayError;
 
 use std::time::Duration;
 
@@ -57,28 +60,6 @@ pub struct From {
     /// of a pod).
     #[arg(long)]
     file: Option<std::path::PathBuf>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReplayError {
-    #[error(
-        "[delivery.dead_letter] type = \"stop\": there is no dead letter to read (fix: nothing to replay; or pass --file)"
-    )]
-    NoDeadLetter,
-    #[error("the sink: {0}")]
-    Sink(#[from] crate::sink::SinkError),
-    #[error("the dead-letter file {0}")]
-    File(String),
-    #[error("Kafka: {0}")]
-    Kafka(String),
-    #[error("NATS: {0}")]
-    Nats(String),
-    #[error(
-        "event {id} could not be sent to {destination}: {error}; stopped after {replayed} replayed (run it again to go on from this event)"
-    )]
-    Send { id: String, destination: String, error: String, replayed: u64 },
-    #[error("{0} dead letter(s) could not be replayed, each named above; the rest was replayed")]
-    Skipped(u64),
 }
 
 /// Runs `command`; prints one line per entry on stdout and a summary on stderr.

@@ -20,8 +20,8 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
-use super::ReplayError;
 use super::entry::Entry;
+use super::error::ReplayError;
 use crate::sink::kafka::roles::for_consumer;
 
 const TIMEOUT: Duration = Duration::from_secs(10);

@@ -25,13 +25,9 @@
 //! `transactional.id` (another owner), refused by the broker for a set-up reason (a missing
 //! ACL, a transaction timeout above the broker's maximum: no other owner), or any other fatal
 //! error of librdkafka's transaction manager. The caller stops the process.
-//! Delivery reports are read for one thing only: a record rejected for good would fail every
-//! retry of the transaction. One too large for its topic is reported as [`TxnError::Poison`]
-//! (the process stops, naming the topic and the fix: exactly-once cannot skip it). One whose
-//! topic refuses every record, a set-up mistake (a topic that does not exist, a Write
-//! permission not granted), is [`TxnError::RecordRefused`]: the transaction is aborted, its
-//! events are kept, and the commits are tried again with a growing pause (up to 30 s) until
-//! the operator fixes it; nothing is lost and nothing needs a restart.
+//! Delivery reports are read for a record rejected for good: one too large for its topic is
+//! [`TxnError::Poison`] (the process stops); one whose topic refuses every record (missing, no
+//! Write permission) is [`TxnError::RecordRefused`]: aborted, kept, tried again (`refused.rs`).
 //!
 //! In every state the events kept are bounded ([`Limits`]: `[sink.kafka]
 //! max_uncommitted_events`, `max_uncommitted_bytes`): once reached, a send waits, outside
@@ -69,20 +65,17 @@ use take_over::{may_take_over_again, new_producer};
 mod context;
 mod error;
 mod record;
+mod refused;
 mod take_over;
 
 /// How long one transactional call may take.
 pub const TIMEOUT: Duration = Duration::from_secs(30);
-
 /// `transaction.timeout.ms`: the broker aborts a transaction open longer (Kafka's default).
 pub const TRANSACTION_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long an abandoned transaction's abort may take (else the broker aborts it when the
 /// next process takes the `transactional.id` over, or after `transaction.timeout.ms`).
 const ABANDON_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest pause between two commits while a record's destination refuses every record.
-const REFUSED_MAX: Duration = Duration::from_secs(30);
-
 /// How often a send waiting for room looks again even if no commit or abort told it.
 const ROOM_CHECK: Duration = Duration::from_secs(1);
 
@@ -117,18 +110,16 @@ struct Inner {
     /// `Committing`: how many of `events` are in the transaction being committed.
     committing: usize,
     event_bytes: usize,
-    /// An early commit was asked for this transaction already (once per transaction: a
-    /// notification per event past the bound would leave a permit that commits the next,
-    /// nearly empty, transaction at once).
+    /// An early commit was asked for this transaction already (once: a notification per event
+    /// past the bound would leave a permit that commits the next, nearly empty, one at once).
     asked_early: bool,
     limits: Limits,
     /// Sends wait for room (logged once until a commit frees it).
     full: bool,
     /// `events` and `event_bytes` as this transaction's part of the process's gauges.
     gauges: (GaugeShare, GaugeShare),
-    /// A record's topic refused it ([`TxnError::RecordRefused`]): no commit is tried before
-    /// this instant (the pause doubles at each refusal, from 1 s up to 30 s), and the error.
-    refused: Option<(Instant, Duration, TxnError)>,
+    /// A record's topic refuses every record: the pause before the next commit.
+    refused: refused::Refused,
 }
 
 impl Inner {
@@ -214,7 +205,7 @@ impl Transaction {
                     GaugeShare::new(&metrics::get().transaction_events),
                     GaugeShare::new(&metrics::get().transaction_bytes),
                 ),
-                refused: None,
+                refused: Default::default(),
             }),
             max_record,
             gate: Arc::new(Gate::default()),
@@ -404,26 +395,15 @@ impl Transaction {
     /// is harmless).
     pub fn commit(&self, records: &[Record]) -> Result<(), TxnError> {
         let mut inner = self.lock();
-        if let Some((until, _, err)) = &inner.refused
-            && Instant::now() < *until
-            && inner.state != State::Abandoned
-        {
-            return Err(err.clone());
+        if let Some(e) = inner.refused.pausing().filter(|_| inner.state != State::Abandoned) {
+            return Err(e);
         }
         let result = match self.commit_locked(&mut inner, records) {
             Err(TxnError::Fenced(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
             other => other,
         };
-        match &result {
-            Err(e @ TxnError::RecordRefused { .. }) => {
-                let pause =
-                    inner.refused.as_ref().map_or(Duration::from_secs(1), |(_, p, _)| (*p * 2).min(REFUSED_MAX));
-                warn!(error = %e, retry_in = ?pause, events = inner.events.len(), "{}: a record's destination refuses every record (a set-up mistake); the transaction is aborted and its events kept, nothing is committed until it is fixed", self.what);
-                inner.refused = Some((Instant::now() + pause, pause, e.clone()));
-            }
-            Ok(()) => inner.refused = None,
-            Err(_) => {}
-        }
+        let events = inner.events.len();
+        inner.refused.after(&result, &self.what, events);
         result
     }
 
@@ -494,6 +474,7 @@ impl Transaction {
         inner.producer = producer;
         outcome("taken_over");
         inner.state = State::Idle;
+        inner.first_record = None;
         inner.committing = 0;
         if self.exactly_once
             && let Err(e) = self.reopen(inner)
@@ -516,6 +497,7 @@ impl Transaction {
         inner.asked_early = false;
         inner.full = false;
         inner.committing = 0;
+        inner.first_record = None;
         inner.state = State::Idle;
         self.room.notify_waiters();
     }
@@ -617,7 +599,8 @@ impl Transaction {
     fn reopen(&self, inner: &mut Inner) -> Result<(), TxnError> {
         inner.producer.begin_transaction().map_err(|e| classify(&self.what, &e))?;
         inner.state = State::Open;
-        inner.first_record = (!inner.events.is_empty()).then(Instant::now);
+        // Kept events keep the aborted transaction's age: the broker may fence for it.
+        inner.first_record = if inner.events.is_empty() { None } else { inner.first_record.or(Some(Instant::now())) };
         if !inner.events.is_empty() {
             debug!(events = inner.events.len(), "{}: sending the aborted transaction's events again", self.what);
         }
