@@ -115,6 +115,9 @@ async fn a_missing_kafka_topic_holds_the_stream_until_it_is_created_and_loses_no
     // with auto.create.topics.enable=false does.
     let sink = no_auto_create_sink(&topic, "\"topic.metadata.propagation.max.ms\" = \"1000\"\n");
     let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, DELIVERY, &[]);
+    // The load starts after kubecast's initial list (of an empty namespace): a change made
+    // before it could be invisible to everyone (the list shows states, not history).
+    kc.wait_log("list complete", 1).await;
     let traffic =
         Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
     assert_held(&mut kc, &[&topic, "the topic does not exist", "fix: create the topic"], "missing_topic").await;
@@ -206,6 +209,9 @@ async fn a_kafka_topic_write_not_authorized_holds_the_stream_until_granted_and_l
         DELIVERY,
         &[("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())],
     );
+    // The load starts after kubecast's initial list (of an empty namespace): a change made
+    // before it could be invisible to everyone (the list shows states, not history).
+    kc.wait_log("list complete", 1).await;
     let traffic =
         Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), kafka_source(&topic), NAMES, RATE);
     let principal = format!("as User:{}", common::env_var("KAFKA_LIMITED_USER"));
@@ -241,6 +247,9 @@ async fn a_nats_subject_no_stream_covers_holds_the_stream_until_a_stream_does_an
     let sink = format!("[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\n", common::env_var("NATS_URL"));
     let mut kc = Kubecast::start_with_sink(&config, &sink, DELIVERY, &[]);
     let source = Source::Nats { url: common::env_var("NATS_URL"), stream: name.clone() };
+    // The load starts after kubecast's initial list (of an empty namespace): a change made
+    // before it could be invisible to everyone (the list shows states, not history).
+    kc.wait_log("list complete", 1).await;
     let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), source, NAMES, RATE);
     let subject = format!("{prefix}.{}.", ns.name);
     assert_held(
