@@ -334,14 +334,14 @@ async fn a_record_over_the_broker_limit_goes_to_the_dead_letter_and_the_stream_g
     // key, in the sink's mode; replay remembers how far it got.
     let big_id = format!("{big_uid}:{}:added", big.metadata.resource_version.unwrap());
     let config = kc.dir.path().join("kubecast.toml");
-    let out = dead_letter_ok(&config, &["list"]);
+    let out = common::dead_letter_ok(&config, &["list"]);
     assert!(out.contains(&big_id) && out.contains(&topic) && out.contains("too large"), "{out}");
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
     let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&topic))
         .set("max.message.bytes", "1000000");
     admin.alter_configs(&[alter], &AdminOptions::new()).await.unwrap()[0].as_ref().expect("topic config altered");
-    let out = dead_letter_ok(&config, &["replay"]);
+    let out = common::dead_letter_ok(&config, &["replay"]);
     assert!(out.contains(&format!("replayed: {big_id} to {topic}")), "{out}");
     let records = consume_until(&topic, "the replayed event", |r| r.len() >= 3).await;
     let replayed = records.iter().find(|r| r.headers.get("ce_id") == Some(&big_id)).expect("the replayed event");
@@ -350,25 +350,10 @@ async fn a_record_over_the_broker_limit_goes_to_the_dead_letter_and_the_stream_g
     assert_eq!(replayed.json()["data"]["blob"].as_str().map(str::len), Some(50_000));
     assert_eq!(replayed.header("content-type"), "application/json", "binary mode, as the sink");
     // Again: nothing left to replay.
-    let out = dead_letter_ok(&config, &["replay"]);
+    let out = common::dead_letter_ok(&config, &["replay"]);
     assert!(!out.contains("replayed:"), "replayed twice: {out}");
-    assert_eq!(dead_letter_ok(&config, &["list"]), "");
+    assert_eq!(common::dead_letter_ok(&config, &["list"]), "");
     assert!(kc.stop().success(), "{}", kc.log());
-}
-
-/// `kubecast dead-letter ARGS --config CONFIG`, which must succeed: its stdout.
-fn dead_letter_ok(config: &std::path::Path, args: &[&str]) -> String {
-    let out = std::process::Command::new(common::bin())
-        .arg("dead-letter")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kubecast dead-letter");
-    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    assert!(out.status.success(), "kubecast dead-letter {args:?} failed:\n{e}\n{o}");
-    o
 }
 
 #[tokio::test]

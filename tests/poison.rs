@@ -57,21 +57,6 @@ async fn test_stream(subjects: impl FnOnce(&str) -> Vec<String>) -> (jetstream::
     (js, prefix)
 }
 
-/// `kubecast dead-letter ARGS --config CONFIG`, which must succeed: its stdout.
-fn dead_letter_ok(config: &std::path::Path, args: &[&str]) -> String {
-    let out = std::process::Command::new(common::bin())
-        .arg("dead-letter")
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run kubecast dead-letter");
-    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
-    assert!(out.status.success(), "kubecast dead-letter {args:?} failed:\n{e}\n{o}");
-    o
-}
-
 /// Sets the largest message `stream` takes (-1: no limit).
 async fn set_max_message_size(js: &jetstream::Context, stream: &str, size: i32) {
     let mut cfg = js.get_stream(stream).await.unwrap().info().await.unwrap().config.clone();
@@ -146,10 +131,10 @@ async fn a_dead_letter_destination_that_refuses_holds_the_dead_letter_and_replay
     assert_eq!(s.info().await.unwrap().state.messages, 1, "one dead letter");
 
     let config = kc.dir.path().join("kubecast.toml");
-    let out = dead_letter_ok(&config, &["list"]);
+    let out = common::dead_letter_ok(&config, &["list"]);
     assert!(out.contains(&id) && out.contains(&format!("{prefix}.ev.configmaps")), "{out}");
     set_max_message_size(&js, &events, -1).await;
-    let out = dead_letter_ok(&config, &["replay"]);
+    let out = common::dead_letter_ok(&config, &["replay"]);
     assert!(out.contains(&format!("replayed: {id} to {prefix}.ev.configmaps")), "{out}");
     let m = js
         .get_stream(&events)
@@ -167,8 +152,8 @@ async fn a_dead_letter_destination_that_refuses_holds_the_dead_letter_and_replay
         Some(format!("{id}@{prefix}.ev.configmaps")),
         "the sink's message id: a replay sent twice within the duplicate window is stored once"
     );
-    assert_eq!(dead_letter_ok(&config, &["list"]), "", "nothing left to replay");
-    assert!(!dead_letter_ok(&config, &["replay"]).contains("replayed:"));
+    assert_eq!(common::dead_letter_ok(&config, &["list"]), "", "nothing left to replay");
+    assert!(!common::dead_letter_ok(&config, &["replay"]).contains("replayed:"));
     assert!(kc.stop().success(), "{}", kc.log());
     let _ = js.delete_stream(&events).await;
     let _ = js.delete_stream(&dead_stream).await;
@@ -199,19 +184,19 @@ async fn the_file_dead_letter_is_replayed_once_in_order() {
     assert_eq!(dl[0]["event"]["id"], id(&a));
     let config = kc.dir.path().join("kubecast.toml");
     set_max_message_size(&js, &events, -1).await;
-    let out = dead_letter_ok(&config, &["replay"]);
+    let out = common::dead_letter_ok(&config, &["replay"]);
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines,
         [format!("replayed: {} to {prefix}.added", id(&a)), format!("replayed: {} to {prefix}.added", id(&b))],
         "in the order they were dead-lettered"
     );
-    assert_eq!(dead_letter_ok(&config, &["replay"]), "", "replayed once");
+    assert_eq!(common::dead_letter_ok(&config, &["replay"]), "", "replayed once");
     set_max_message_size(&js, &events, 64).await;
     let c = create_cm(&client, &ns.name, "c", json!({}), json!({"v": "1"})).await;
     wait_dead_letters(&mut kc, 3).await;
     set_max_message_size(&js, &events, -1).await;
-    assert_eq!(dead_letter_ok(&config, &["replay"]).trim(), format!("replayed: {} to {prefix}.added", id(&c)));
+    assert_eq!(common::dead_letter_ok(&config, &["replay"]).trim(), format!("replayed: {} to {prefix}.added", id(&c)));
     let mut s = js.get_stream(&events).await.unwrap();
     assert_eq!(s.info().await.unwrap().state.messages, 3, "each event once");
     assert!(kc.stop().success(), "{}", kc.log());

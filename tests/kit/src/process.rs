@@ -23,6 +23,21 @@ pub fn set_bin(path: impl Into<PathBuf>) {
     assert_eq!(*set, path, "the kubecast binary was already chosen");
 }
 
+/// `kubecast dead-letter ARGS --config CONFIG`, which must succeed: its stdout.
+pub fn dead_letter_ok(config: &Path, args: &[&str]) -> String {
+    let out = Command::new(bin())
+        .arg("dead-letter")
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kubecast dead-letter");
+    let (o, e) = (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned());
+    assert!(out.status.success(), "kubecast dead-letter {args:?} failed:\n{e}\n{o}");
+    o
+}
+
 /// The kubecast binary (see [`set_bin`]).
 pub fn bin() -> &'static Path {
     BIN.get_or_init(|| {
