@@ -21,6 +21,7 @@ use crate::model::{Position, Shard};
 use crate::observe::health::Health;
 use crate::observe::metrics::StreamMetrics;
 use crate::shaping::Shaper;
+use crate::shaping::form::EventForm;
 use crate::shaping::stage::{self, StreamRoute};
 use crate::sink::Sink;
 use crate::sink::template::Template;
@@ -203,7 +204,13 @@ impl Pipeline {
             .collect();
         let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
         let shapers: Vec<Shaper> = config.resources.iter().map(|rc| Shaper::new(&rc.shaping())).collect();
-        let shaper = tokio::spawn(stage::run(items, jobs_tx, routes, shapers, sink.sends_structured()));
+        let shaper = tokio::spawn(stage::run(
+            items,
+            jobs_tx,
+            routes,
+            shapers,
+            EventForm::for_sink(&config.sink, sink.sends_structured()),
+        ));
         let d = &config.delivery;
         let retry = RetryPolicy::new(d);
         let queue = Queue {

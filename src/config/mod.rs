@@ -87,7 +87,7 @@ impl Config {
         out.extend(self.cluster.problems());
         out.extend(self.checkpoint.problems());
         out.extend(self.sink.problems());
-        out.extend(self.delivery.problems(self.sink.is_broker()));
+        out.extend(self.delivery.problems(self.sink.is_broker() || self.sink.kind == SinkType::Http));
         if let (crate::delivery::DeadLetterType::Broker, Some(dest)) =
             (self.delivery.dead_letter.kind, self.delivery.dead_letter.destination.as_deref().filter(|d| !d.is_empty()))
         {
@@ -97,6 +97,13 @@ impl Config {
                     .map(|why| format!("{dest:?} is not a Kafka topic name: {why}")),
                 SinkType::Nats => crate::sink::nats::subject_problem(dest)
                     .map(|why| format!("{dest:?} is not a NATS subject to publish to: {why}")),
+                SinkType::Http => match url::Url::parse(dest) {
+                    Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => None,
+                    _ => Some(format!(
+                        "{:?} is not an http:// or https:// URL (with an HTTP sink the dead letter is another receiver)",
+                        crate::sink::secret::url_for_display(dest)
+                    )),
+                },
                 _ => None,
             };
             if let Some(message) = problem {

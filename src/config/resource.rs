@@ -108,7 +108,7 @@ impl ResourceConfig {
         match sink {
             SinkType::Kafka => self.topic.as_deref(),
             SinkType::Nats => self.subject.as_deref(),
-            SinkType::Stdout | SinkType::File => None,
+            SinkType::Stdout | SinkType::File | SinkType::Http => None,
         }
     }
 

@@ -137,7 +137,7 @@ impl DeliveryConfig {
         match self.dead_letter.kind {
             DeadLetterType::Broker if !sink_is_broker => p(
                 "dead_letter.type",
-                "\"broker\" needs a broker sink (kafka or nats)".into(),
+                "\"broker\" needs a broker or HTTP sink (kafka, nats or http)".into(),
                 "use type = \"file\" or \"stop\"",
             ),
             DeadLetterType::Broker if self.dead_letter.destination.as_deref().is_none_or(str::is_empty) => p(

@@ -143,8 +143,19 @@ impl DeadLetter {
                         warn!(subject = %topic, error = %e, "[delivery.dead_letter] destination: a dead letter waits until a stream covers the subject");
                     }
                     Ok(())
+                } else if sink.http().is_some() {
+                    match url::Url::parse(topic) {
+                        Ok(u) if matches!(u.scheme(), "http" | "https") => Ok(()),
+                        _ => Err(fail(format!(
+                            "[delivery.dead_letter] destination {:?}: with sink.type = \"http\" the dead letter is another receiver's URL (fix: e.g. destination = \"http://dead-letter.example/\")",
+                            crate::sink::secret::url_for_display(topic)
+                        ))),
+                    }
                 } else {
-                    Err(fail("[delivery.dead_letter] type = \"broker\" needs a broker sink (kafka or nats)".into()))
+                    Err(fail(
+                        "[delivery.dead_letter] type = \"broker\" needs a broker or HTTP sink (kafka, nats or http)"
+                            .into(),
+                    ))
                 }
             }
         }
@@ -221,6 +232,9 @@ impl DeadLetter {
     ) -> Result<(), SendError> {
         if let Some(n) = sink.nats() {
             return write_nats(n, topic, msg, destination, reason).await;
+        }
+        if let Some(h) = sink.http() {
+            return h.send_dead_letter(topic, msg, reason).await;
         }
         let Some(k) = sink.kafka() else {
             return Err(SendError::Fatal("the dead letter type \"broker\" needs a broker sink".into()));

@@ -318,6 +318,11 @@ async fn send_slowly(
             }
         };
         let dead = || metrics.dead_lettered[verb].inc();
+        // A retry the destination timed itself (HTTP `Retry-After`): retried, not before then.
+        let not_before = match &outcome {
+            Err(SendError::RetryAfter { after, .. }) => Some(*after),
+            _ => None,
+        };
         match outcome {
             Ok(()) => {
                 crate::observe::metrics::get().publish_latency.observe(started.elapsed().as_secs_f64());
@@ -358,7 +363,7 @@ async fn send_slowly(
                 )
                 .await;
             }
-            Err(SendError::Retriable(reason))
+            Err(SendError::Retriable(reason) | SendError::RetryAfter { reason, .. })
                 if !retry.may_retry(attempt) || retry.too_old(msg.event.attributes.time()) =>
             {
                 let reason = if retry.may_retry(attempt) {
@@ -374,7 +379,7 @@ async fn send_slowly(
                 dead();
                 break Ok(Some(reason));
             }
-            Err(SendError::Retriable(reason)) => {
+            Err(SendError::Retriable(reason) | SendError::RetryAfter { reason, .. }) => {
                 if let Some(p) = pass.take() {
                     p.settle();
                 }
@@ -385,10 +390,9 @@ async fn send_slowly(
                 if attempt == 1 || attempt.is_multiple_of(10) {
                     warn!(event_id = %msg.event.id(), trace_id = %crate::observe::trace::trace_id(msg.trace.as_ref()), destination = %sink.destination(msg), attempt, reason, "send failed; retrying with backoff");
                 }
-                tokio::time::sleep(
-                    backoff.get_or_insert_with(|| retry.backoff()).next().unwrap_or(std::time::Duration::from_secs(30)),
-                )
-                .await;
+                let delay =
+                    backoff.get_or_insert_with(|| retry.backoff()).next().unwrap_or(std::time::Duration::from_secs(30));
+                tokio::time::sleep(delay.max(not_before.unwrap_or_default())).await;
             }
         }
     };

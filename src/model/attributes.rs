@@ -96,6 +96,21 @@ impl Attributes {
         self.datacontenttype
     }
 
+    /// Replaces `type` (a sink's compatibility form; interned, a handful per process).
+    pub fn set_type(&mut self, ty: &'static str) {
+        self.ty = ty;
+    }
+
+    /// Replaces `source` (a sink's compatibility form).
+    pub fn set_source(&mut self, source: &'static str) {
+        self.source = source;
+    }
+
+    /// Replaces `subject` (a sink's compatibility form).
+    pub fn set_subject(&mut self, subject: String) {
+        self.subject = subject;
+    }
+
     pub fn set_datacontenttype(&mut self, content_type: &'static str) {
         self.datacontenttype = content_type;
     }

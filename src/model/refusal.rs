@@ -31,11 +31,15 @@ pub enum Refusal {
     TransactionTimeoutRefused,
     /// NATS: the user may not publish on the subject (its `publish` permissions).
     SubjectNotPermitted,
+    /// HTTP: the receiver answers 401 or 403 (credentials missing, wrong or not allowed).
+    HttpNotAuthorized,
+    /// HTTP: the receiver answers with a redirect (3xx): the URL moved.
+    HttpRedirect,
 }
 
 impl Refusal {
     /// Every refusal, for tests and for the metric's labels.
-    pub const ALL: [Refusal; 8] = [
+    pub const ALL: [Refusal; 10] = [
         Refusal::MissingTopic,
         Refusal::MissingStream,
         Refusal::TopicNotAuthorized,
@@ -44,6 +48,8 @@ impl Refusal {
         Refusal::GroupNotAuthorized,
         Refusal::TransactionTimeoutRefused,
         Refusal::SubjectNotPermitted,
+        Refusal::HttpNotAuthorized,
+        Refusal::HttpRedirect,
     ];
 
     /// The `reason` label of `kubecast_sink_refused`.
@@ -57,6 +63,8 @@ impl Refusal {
             Refusal::GroupNotAuthorized => "group_not_authorized",
             Refusal::TransactionTimeoutRefused => "transaction_timeout_refused",
             Refusal::SubjectNotPermitted => "subject_not_permitted",
+            Refusal::HttpNotAuthorized => "http_not_authorized",
+            Refusal::HttpRedirect => "http_redirect",
         }
     }
 
@@ -73,6 +81,8 @@ impl Refusal {
                 "the broker refuses the transaction timeout (above its transaction.max.timeout.ms)"
             }
             Refusal::SubjectNotPermitted => "the NATS user may not publish on the subject",
+            Refusal::HttpNotAuthorized => "the HTTP receiver refuses kubecast's credentials (401 or 403)",
+            Refusal::HttpRedirect => "the HTTP receiver redirects every request (3xx): the URL moved",
         }
     }
 
@@ -101,6 +111,10 @@ impl Refusal {
                 "raise the broker's transaction.max.timeout.ms, or lower \"transaction.timeout.ms\" in [checkpoint.kafka.properties]"
             }
             Refusal::SubjectNotPermitted => "allow the NATS user to publish on the subject (its permissions.publish)",
+            Refusal::HttpNotAuthorized => {
+                "give kubecast credentials the receiver accepts (sink.http.bearer_token_file, username/password or headers), or allow its identity on the receiver"
+            }
+            Refusal::HttpRedirect => "set sink.http.url to the address the receiver redirects to",
         }
     }
 }

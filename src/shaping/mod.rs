@@ -22,6 +22,7 @@
 //! text and never decodes the rest of the object.
 
 pub(crate) mod filter;
+pub mod form;
 pub(crate) mod json;
 mod options;
 pub(crate) mod stage;

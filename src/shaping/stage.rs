@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::Shaper;
+use super::form::{EventForm, ObjectRef};
 use crate::delivery::queue::{Job, Limiter};
 use crate::model::{Fields, Verb};
 use crate::observe::metrics::StreamMetrics;
@@ -40,14 +41,14 @@ pub async fn run(
     tx: mpsc::Sender<Job>,
     streams: Vec<StreamRoute>,
     mut shapers: Vec<Shaper>,
-    seal: bool,
+    form: EventForm,
 ) {
     // Items are taken in batches (one wake-up of this task per batch, and the permits of a
     // whole batch returned to the reflectors at once).
     let mut items = Vec::with_capacity(SHAPE_BATCH);
     while rx.recv_many(&mut items, SHAPE_BATCH).await > 0 {
         for item in items.drain(..) {
-            let job = shape(item, &streams, &mut shapers, seal);
+            let job = shape(item, &streams, &mut shapers, &form);
             if tx.send(job).await.is_err() {
                 return;
             }
@@ -55,9 +56,9 @@ pub async fn run(
     }
 }
 
-/// `seal`: the sink sends structured events, built here once
-/// ([`crate::model::CloudEvent::seal_structured`]).
-fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool) -> Job {
+/// `form`: what the sink asks of every event (its structured form built here once,
+/// [`crate::model::CloudEvent::seal_structured`]; extensions; ApiServerSource's form).
+fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], form: &EventForm) -> Job {
     let stream = &streams[item.stream];
     let shaper = &mut shapers[stream.shaper];
     let m = &stream.metrics;
@@ -98,6 +99,12 @@ fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool
             change.object.metadata.name.as_deref().unwrap_or_default(),
             started,
         );
+        // Only the ApiServerSource form names the object.
+        let name = if form.knative.is_some() {
+            change.object.metadata.name.clone().unwrap_or_default()
+        } else {
+            String::new()
+        };
         match change.into_cloudevent() {
             Ok(mut event) => {
                 // Not sent (filtered out, status only...): acknowledged with the job.
@@ -127,8 +134,18 @@ fn shape(item: Item, streams: &[StreamRoute], shapers: &mut [Shaper], seal: bool
                     }
                     return None;
                 }
-                if seal {
-                    event.seal_structured();
+                if form.seal || form.changes_events() {
+                    let api_version = match fields.of_type.group.as_str() {
+                        "core" => fields.of_type.version.clone(),
+                        group => format!("{group}/{}", fields.of_type.version),
+                    };
+                    let object = ObjectRef {
+                        api_version: &api_version,
+                        kind: &fields.of_type.kind,
+                        namespace: &fields.namespace,
+                        name: &name,
+                    };
+                    form.apply(verb, &object, &mut event);
                 }
                 Some(Box::new(Outbound { event, fields, route: stream.route.clone(), trace }))
             }
@@ -190,15 +207,26 @@ mod tests {
             limiter: None,
         }];
         let mut shapers = [Shaper::new(&options)];
-        let first = shape(item(1, serde_json::json!({"v": "one"}), false), &streams, &mut shapers, false);
+        let first =
+            shape(item(1, serde_json::json!({"v": "one"}), false), &streams, &mut shapers, &EventForm::default());
         assert!(first.msg.is_some());
         // Adds a key: a patch from version 1 would add it again.
-        let skipped = shape(item(2, serde_json::json!({"v": "two", "w": "x"}), true), &streams, &mut shapers, false);
+        let skipped = shape(
+            item(2, serde_json::json!({"v": "two", "w": "x"}), true),
+            &streams,
+            &mut shapers,
+            &EventForm::default(),
+        );
         assert!(skipped.msg.is_none(), "delivered before: not sent again");
         assert_eq!(skipped.seq, 2, "still acknowledged in its place");
-        let next = shape(item(3, serde_json::json!({"v": "three", "w": "x"}), false), &streams, &mut shapers, false)
-            .msg
-            .expect("sent");
+        let next = shape(
+            item(3, serde_json::json!({"v": "three", "w": "x"}), false),
+            &streams,
+            &mut shapers,
+            &EventForm::default(),
+        )
+        .msg
+        .expect("sent");
         let patch: serde_json::Value = serde_json::from_str(&next.event.data).unwrap();
         let v = patch.as_array().unwrap().iter().find(|op| op["path"] == "/data/v").expect("a data op");
         assert_eq!(v["value"], "three");

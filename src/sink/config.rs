@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::http::HttpConfig;
 use super::kafka::KafkaConfig;
 use super::nats::NatsConfig;
 use crate::model::Problem;
@@ -17,6 +18,7 @@ pub enum SinkType {
     File,
     Kafka,
     Nats,
+    Http,
 }
 
 impl fmt::Display for SinkType {
@@ -26,6 +28,7 @@ impl fmt::Display for SinkType {
             SinkType::File => "file",
             SinkType::Kafka => "kafka",
             SinkType::Nats => "nats",
+            SinkType::Http => "http",
         })
     }
 }
@@ -44,6 +47,9 @@ pub struct SinkConfig {
     /// For `type = "nats"`.
     #[serde(default)]
     pub nats: Option<NatsConfig>,
+    /// For `type = "http"` (may be absent: the URL then comes from `K_SINK`).
+    #[serde(default)]
+    pub http: Option<HttpConfig>,
 }
 
 impl SinkConfig {
@@ -56,11 +62,13 @@ impl SinkConfig {
                 "is required when sink.type = \"file\"",
                 "set sink.path = \"events.jsonl\" (or KUBECAST_SINK__PATH)",
             )),
-            SinkType::Stdout | SinkType::Kafka | SinkType::Nats if self.path.is_some() => out.push(Problem::new(
-                "sink.path",
-                format!("is only used by sink.type = \"file\", but sink.type = \"{}\"", self.kind),
-                "remove sink.path, or set sink.type = \"file\"",
-            )),
+            SinkType::Stdout | SinkType::Kafka | SinkType::Nats | SinkType::Http if self.path.is_some() => {
+                out.push(Problem::new(
+                    "sink.path",
+                    format!("is only used by sink.type = \"file\", but sink.type = \"{}\"", self.kind),
+                    "remove sink.path, or set sink.type = \"file\"",
+                ))
+            }
             SinkType::Nats if self.nats.is_none() => out.push(Problem::new(
                 "sink.nats",
                 "is required when sink.type = \"nats\"",
@@ -82,6 +90,15 @@ impl SinkConfig {
                 ));
             }
             out.extend(k.problems());
+        }
+        if self.kind == SinkType::Http {
+            out.extend(self.http.clone().unwrap_or_default().problems());
+        } else if self.http.is_some() {
+            out.push(Problem::new(
+                "sink.http",
+                format!("is only used by sink.type = \"http\", but sink.type = \"{}\"", self.kind),
+                "remove [sink.http], or set sink.type = \"http\"",
+            ));
         }
         if let Some(n) = &self.nats {
             if self.kind != SinkType::Nats {

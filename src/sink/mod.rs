@@ -2,11 +2,13 @@
 //! concurrently; the outbound queue (`src/delivery`) adds ordering, rate limiting, retries and
 //! the dead letter around it. A sink *accepts* an event when `send` returns `Ok`: stdout and
 //! file after write + flush, Kafka after the broker's acknowledgement, NATS JetStream after
-//! the PubAck (core NATS: after the write, at-most-once). Only accepted events
+//! the PubAck (core NATS: after the write, at-most-once), HTTP after a 2xx response. Only accepted events
 //! may advance a checkpoint.
 
 mod config;
 mod file;
+pub(crate) mod header_value;
+pub mod http;
 pub mod kafka;
 pub mod nats;
 mod outbound;
@@ -21,6 +23,7 @@ use std::time::Duration;
 
 pub use config::{SinkConfig, SinkType};
 pub use file::FileSink;
+pub use http::HttpSink;
 pub use kafka::KafkaSink;
 pub use nats::NatsSink;
 pub use outbound::{Outbound, SendError, SinkError, structured_line};
@@ -33,6 +36,7 @@ pub enum Sink {
     File(Arc<FileSink>),
     Kafka(KafkaSink),
     Nats(NatsSink),
+    Http(HttpSink),
     /// Tests only: a scripted sink (`stub.rs`); absent from the production build.
     #[cfg(test)]
     Stub(stub::StubSink),
@@ -54,6 +58,10 @@ impl Sink {
                 let nc = cfg.nats.as_ref().ok_or_else(|| SinkError::Config("[sink.nats] is missing".into()))?;
                 Ok(Sink::Nats(NatsSink::open(nc, max_in_flight, Duration::from_secs(10)).await?))
             }
+            SinkType::Http => {
+                let hc = cfg.http.clone().unwrap_or_default();
+                Ok(Sink::Http(HttpSink::open(&hc, max_in_flight)?))
+            }
         }
     }
 
@@ -68,6 +76,7 @@ impl Sink {
             Sink::File(s) => Box::pin(s.write_line(&structured_line(&msg.event)?)).await,
             Sink::Kafka(s) => Box::pin(s.send(msg)).await,
             Sink::Nats(s) => s.send(msg).await,
+            Sink::Http(s) => Box::pin(s.send(msg)).await,
             #[cfg(test)]
             Sink::Stub(s) => Box::pin(s.send(msg)).await,
         }
@@ -80,6 +89,7 @@ impl Sink {
             Sink::Stdout(_) | Sink::File(_) => false,
             Sink::Kafka(s) => s.mode() == kafka::Mode::Structured,
             Sink::Nats(s) => s.mode() == nats::Mode::Structured,
+            Sink::Http(s) => s.mode() == http::Mode::Structured,
             #[cfg(test)]
             Sink::Stub(_) => false,
         }
@@ -92,6 +102,7 @@ impl Sink {
             Sink::File(_) => "file",
             Sink::Kafka(_) => "kafka",
             Sink::Nats(_) => "nats",
+            Sink::Http(_) => "http",
             #[cfg(test)]
             Sink::Stub(_) => "stub",
         }
@@ -102,6 +113,7 @@ impl Sink {
         match self {
             Sink::Kafka(s) => s.trace_attributes(msg),
             Sink::Nats(s) => s.trace_attributes(),
+            Sink::Http(s) => s.trace_attributes(),
             _ => Vec::new(),
         }
     }
@@ -113,6 +125,7 @@ impl Sink {
             Sink::File(s) => s.path().display().to_string(),
             Sink::Kafka(s) => s.destination(msg),
             Sink::Nats(s) => s.destination(msg),
+            Sink::Http(s) => s.destination().to_string(),
             #[cfg(test)]
             Sink::Stub(_) => "stub".into(),
         }
@@ -123,8 +136,8 @@ impl Sink {
         match self {
             Sink::Kafka(s) => s.flush(timeout),
             // stdout and file flush after every event; NATS waits for each PubAck (JetStream)
-            // or flushes after each publish (core).
-            Sink::Stdout(_) | Sink::File(_) | Sink::Nats(_) => Ok(()),
+            // or flushes after each publish (core); HTTP for each response.
+            Sink::Stdout(_) | Sink::File(_) | Sink::Nats(_) | Sink::Http(_) => Ok(()),
             #[cfg(test)]
             Sink::Stub(_) => Ok(()),
         }
@@ -134,6 +147,7 @@ impl Sink {
     pub fn unreachable_cause(&self) -> Arc<std::sync::Mutex<Option<String>>> {
         match self {
             Sink::Kafka(k) => k.unreachable_cause(),
+            Sink::Http(h) => h.unreachable_cause(),
             _ => Arc::default(),
         }
     }
@@ -143,6 +157,7 @@ impl Sink {
         match self {
             Sink::Kafka(k) => k.connected(),
             Sink::Nats(n) => n.connected(),
+            Sink::Http(h) => h.connected(),
             Sink::Stdout(_) | Sink::File(_) => Arc::new(std::sync::atomic::AtomicBool::new(true)),
             #[cfg(test)]
             Sink::Stub(_) => Arc::new(std::sync::atomic::AtomicBool::new(true)),
@@ -152,6 +167,13 @@ impl Sink {
     pub fn kafka(&self) -> Option<&KafkaSink> {
         match self {
             Sink::Kafka(k) => Some(k),
+            _ => None,
+        }
+    }
+
+    pub fn http(&self) -> Option<&HttpSink> {
+        match self {
+            Sink::Http(h) => Some(h),
             _ => None,
         }
     }

@@ -25,6 +25,10 @@ pub enum SendError {
     /// queue lets a commit go ahead while it backs off.
     #[error("{0}")]
     Retriable(String),
+    /// Like `Retriable`, after at least `after`: the destination said when (HTTP
+    /// `Retry-After` on 429 and 503).
+    #[error("{reason}")]
+    RetryAfter { reason: String, after: std::time::Duration },
     /// Will never succeed for this event (too large, cannot be encoded): sent to the
     /// dead-letter destination.
     #[error("{0}")]

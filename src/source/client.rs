@@ -138,6 +138,14 @@ pub type ApiLimiter = Arc<DefaultDirectRateLimiter>;
 )]
 pub struct ClientError(String);
 
+static APISERVER_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The apiserver's URL of the process's first client (`https://10.96.0.1:443` in a pod), once
+/// one was made: the `source` of events in Knative ApiServerSource's form.
+pub fn apiserver_url() -> Option<&'static str> {
+    APISERVER_URL.get().map(String::as_str)
+}
+
 /// The client and the apiserver's address (for messages).
 pub async fn client(cfg: &ClusterConfig) -> Result<(Client, String), ClientError> {
     let kcfg = match &cfg.kubeconfig {
@@ -154,6 +162,7 @@ pub async fn client(cfg: &ClusterConfig) -> Result<(Client, String), ClientError
         },
     };
     let url = kcfg.cluster_url.to_string();
+    let _ = APISERVER_URL.set(url.trim_end_matches('/').to_string());
     let gather = Gather::from_millis(cfg.watch_gather_ms);
     Ok((super::connect::client(kcfg, gather).map_err(|e| ClientError(e.to_string()))?, url))
 }
