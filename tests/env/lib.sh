@@ -406,7 +406,8 @@ ensure_prometheus_crds() {
 # ensure_consumers: the consumer examples of examples/consumers (tests/consumers.rs), each
 # built once per version of its inputs and cached: a Python venv from requirements.txt, the Go
 # binary, the Java jar with its lib/. Linked as $BIN_DIR/consumer-{python,go,java} (keys
-# CONSUMER_PYTHON, CONSUMER_GO, CONSUMER_JAVA: commands taking the consumers' options).
+# CONSUMER_PYTHON, CONSUMER_GO, CONSUMER_JAVA: commands taking the consumers' options), and
+# the HTTP receiver example of examples/receivers/http in the Python venv (RECEIVER_HTTP).
 ensure_consumers() {
 	local src=$REPO_DIR/examples/consumers
 	ensure_consumer_python "$src/python"
@@ -444,6 +445,10 @@ ensure_consumer_python() {
 	rm -f "$BIN_DIR/consumer-python"
 	printf '#!/bin/sh\nexec %q %q "$@"\n' "$venv/bin/python" "$dir/consumer.py" >"$BIN_DIR/consumer-python"
 	chmod +x "$BIN_DIR/consumer-python"
+	# The HTTP receiver example needs the CloudEvents SDK only, which this venv has.
+	rm -f "$BIN_DIR/receiver-http"
+	printf '#!/bin/sh\nexec %q %q "$@"\n' "$venv/bin/python" "$REPO_DIR/examples/receivers/http/receiver.py" >"$BIN_DIR/receiver-http"
+	chmod +x "$BIN_DIR/receiver-http"
 }
 
 ensure_consumer_go() {
@@ -700,6 +705,7 @@ write_env() {
 			kv PROMETHEUS_OPERATOR_CRDS "$BIN_DIR/prometheus-operator-crds"
 		fi
 		if [[ -x $BIN_DIR/consumer-python ]]; then kv CONSUMER_PYTHON "$BIN_DIR/consumer-python"; fi
+		if [[ -x $BIN_DIR/receiver-http ]]; then kv RECEIVER_HTTP "$BIN_DIR/receiver-http"; fi
 		if [[ -x $BIN_DIR/consumer-go ]]; then kv CONSUMER_GO "$BIN_DIR/consumer-go"; fi
 		if [[ -x $BIN_DIR/consumer-java ]]; then kv CONSUMER_JAVA "$BIN_DIR/consumer-java"; fi
 	} >"$tmp"

@@ -66,11 +66,14 @@ pub enum Source {
     Kafka { brokers: String, topic: String, read_committed: bool },
     /// A JetStream stream, from its first message.
     Nats { url: String, stream: String },
+    /// The log of the HTTP receiver example (`examples/receivers/http`): a JSON line per
+    /// accepted request, `{"attributes": {...}, "data": ...}`, from its first line.
+    HttpLog { path: std::path::PathBuf },
 }
 
 /// What the load wrote: per uid, the resourceVersions of its creates and updates, and
 /// whether it was deleted.
-#[derive(Default, Debug)]
+#[derive(Default, Debug, Clone)]
 pub struct Written {
     pub changes: BTreeMap<String, Vec<u64>>,
     pub deleted: Vec<String>,
@@ -145,6 +148,29 @@ pub fn reader(source: Source, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>)
             tokio::spawn(kafka_reader(brokers, topic, read_committed, out, stop))
         }
         Source::Nats { url, stream } => tokio::spawn(nats_reader(url, stream, out, stop)),
+        Source::HttpLog { path } => tokio::spawn(http_log_reader(path, out, stop)),
+    }
+}
+
+/// Follows the receiver's log: every whole line, as it is appended.
+async fn http_log_reader(path: std::path::PathBuf, out: Arc<Mutex<Vec<Seen>>>, stop: Arc<AtomicBool>) {
+    let mut done = 0usize;
+    while !stop.load(Ordering::Relaxed) {
+        let text = std::fs::read(&path).unwrap_or_default();
+        // Whole lines only: the receiver may be writing the last one.
+        let end = text.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+        if end > done {
+            for line in text[done..end].split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                let e: Value = serde_json::from_slice(line).expect("a receiver log line is JSON");
+                let body = serde_json::to_vec(&e["data"]).unwrap();
+                let attr = |k: &str| e["attributes"][k].as_str().map(str::to_owned);
+                let seen = Seen::parse(&body, attr)
+                    .unwrap_or_else(|| panic!("not an event: {}", String::from_utf8_lossy(line)));
+                out.lock().unwrap().push(seen);
+            }
+            done = end;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -457,6 +483,11 @@ impl Traffic {
         let written = Arc::new(Mutex::new(Written::default()));
         let loader = Some(tokio::spawn(load(api.clone(), names, per_second, 0, written.clone(), load_stop.clone())));
         Self { api: api.clone(), stop, load_stop, written, seen, loader }
+    }
+
+    /// What the load wrote so far.
+    pub fn written(&self) -> Written {
+        self.written.lock().unwrap().clone()
     }
 
     /// Events read so far.
