@@ -438,3 +438,47 @@ async fn http_tls_receiver_with_the_wrong_ca_is_named() {
     assert_eq!(name_of(&got[0]), "a");
     kc.kill9();
 }
+
+/// The file dead letter (kubecast's default) with an HTTP sink: `kubecast dead-letter replay`
+/// sends the entry to the receiver again, with its id, once the receiver takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_dead_letter_file_replays_to_the_receiver() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "http-replay").await;
+    let mut receiver = Receiver::start(&["--reject", "bad=400"]);
+    let sink = http_sink(&receiver.url(), "mode = \"structured\"");
+    let mut kc = Kubecast::start_with_sink(&config(&ns.name), &sink, "", &[]);
+    for name in ["bad-1", "ok-1"] {
+        create_cm(&client, &ns.name, name, json!({}), json!({})).await;
+    }
+    receiver.wait_accepted(1, &mut kc).await;
+    let dead_letter = kc.dir.path().join("state/dead-letter.jsonl");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&dead_letter).unwrap_or_default().contains("HTTP 400 Bad Request from") {
+        assert!(Instant::now() < deadline, "no dead letter with the status\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let id = serde_json::from_str::<Value>(std::fs::read_to_string(&dead_letter).unwrap().lines().next().unwrap())
+        .unwrap()["event"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    kc.kill9();
+    // The receiver fixed: it takes every event now.
+    receiver.stop();
+    receiver.args.clear();
+    receiver.restart();
+    let config_path = kc.dir.path().join("kubecast.toml");
+    let out = common::dead_letter_ok(&config_path, &["replay"]);
+    assert!(out.contains('1'), "one entry replayed: {out}");
+    let got = receiver.accepted();
+    let replayed = got
+        .iter()
+        .find(|e| e["attributes"]["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{id} not replayed: {got:?}"));
+    assert_eq!(name_of(replayed), "bad-1");
+    assert_eq!(replayed["mode"], "structured", "in the sink's mode");
+    // A second replay sends nothing more.
+    common::dead_letter_ok(&config_path, &["replay"]);
+    assert_eq!(receiver.accepted().iter().filter(|e| e["attributes"]["id"] == id.as_str()).count(), 1);
+}

@@ -7,7 +7,7 @@
 
 mod config;
 mod file;
-pub(crate) mod header_value;
+mod header_value;
 pub mod http;
 pub mod kafka;
 pub mod nats;
@@ -23,6 +23,7 @@ use std::time::Duration;
 
 pub use config::{SinkConfig, SinkType};
 pub use file::FileSink;
+pub use header_value::header_value;
 pub use http::HttpSink;
 pub use kafka::KafkaSink;
 pub use nats::NatsSink;

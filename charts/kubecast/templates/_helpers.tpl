@@ -132,6 +132,17 @@ sink (or of the Kafka state store's own connection) holds a value inline instead
 {{- end }}
 {{- end }}
 {{- end }}
+{{- $http := $sink.http }}
+{{- if kindIs "map" $http }}
+{{- if and (hasKey $http "password") (not (regexMatch $ref (toString $http.password))) }}
+{{- fail (printf "%s: sink.http.password %s (or a token file: bearer_token_file)" $where $fix) }}
+{{- end }}
+{{- range $k, $v := ($http.headers | default dict) }}
+{{- if and (regexMatch "(authorization|token|secret|key)" (lower $k)) (not (regexMatch $ref (toString $v))) }}
+{{- fail (printf "%s: sink.http.headers.%q %s" $where $k $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- $nats := $sink.nats }}
 {{- if kindIs "map" $nats }}
 {{- range $k := list "password" "token" "nkey_seed" }}

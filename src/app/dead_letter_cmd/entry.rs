@@ -112,6 +112,37 @@ impl Entry {
         (self.data_text().into_bytes(), headers)
     }
 
+    /// HTTP: the request headers and body in `structured` or binary mode (values
+    /// percent-encoded as the HTTP binding says).
+    pub fn http(&self, structured: bool) -> (http::HeaderMap, bytes::Bytes) {
+        let mut headers = http::HeaderMap::new();
+        let value = |v: &str| {
+            http::HeaderValue::from_str(&crate::sink::header_value(v))
+                .expect("a percent-encoded value is a header value")
+        };
+        for name in ["traceparent", "tracestate"] {
+            if let Some(v) = self.attributes.get(name) {
+                headers.insert(name, value(&Self::attribute_text(v)));
+            }
+        }
+        if structured {
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/cloudevents+json; charset=utf-8"),
+            );
+            return (headers, bytes::Bytes::from(self.structured.clone()));
+        }
+        for (name, v) in &self.attributes {
+            let v = value(&Self::attribute_text(v));
+            if name == "datacontenttype" {
+                headers.insert(http::header::CONTENT_TYPE, v);
+            } else if let Ok(n) = http::HeaderName::from_bytes(format!("ce-{name}").as_bytes()) {
+                headers.insert(n, v);
+            }
+        }
+        (headers, bytes::Bytes::from(self.data_text()))
+    }
+
     /// NATS: the payload and headers in `structured` or binary mode (values percent-encoded
     /// as the NATS binding says).
     pub fn nats(&self, structured: bool) -> (bytes::Bytes, async_nats::HeaderMap) {

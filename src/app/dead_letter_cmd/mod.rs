@@ -181,11 +181,16 @@ async fn send_one(sink: &Sink, entry: &entry::Entry) -> Result<(), SendError> {
         } else if let Some(n) = sink.nats() {
             let (payload, headers) = entry.nats(n.mode() == crate::sink::nats::Mode::Structured);
             n.publish(entry.destination.clone(), headers, payload, &entry.id).await
+        } else if let Some(h) = sink.http() {
+            let (headers, body) = entry.http(h.mode() == crate::sink::http::Mode::Structured);
+            h.send_raw(headers, body).await
         } else {
-            Err(SendError::Fatal("replay needs a Kafka or NATS sink ([sink] type)".into()))
+            Err(SendError::Fatal("replay needs a Kafka, NATS or HTTP sink ([sink] type)".into()))
         };
         match result {
-            Err(SendError::Retriable(e)) if std::time::Instant::now() < until => {
+            Err(SendError::Retriable(e) | SendError::RetryAfter { reason: e, .. })
+                if std::time::Instant::now() < until =>
+            {
                 tracing::warn!(event_id = %entry.id, error = %e, "not sent yet; retrying");
                 tokio::time::sleep(wait).await;
                 wait = (wait * 2).min(Duration::from_secs(5));

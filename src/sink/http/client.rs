@@ -134,6 +134,12 @@ impl HttpSink {
         self.post(&self.url, &self.shown, headers, body).await
     }
 
+    /// A request made elsewhere (`kubecast dead-letter replay`: an entry as it was) to the
+    /// sink's URL.
+    pub async fn send_raw(&self, headers: HeaderMap, body: Bytes) -> Result<(), SendError> {
+        self.post(&self.url, &self.shown, headers, body).await
+    }
+
     /// A dead letter to `url`: the event in binary mode with Knative's dead-letter extensions
     /// (`knativeerrordest`, `knativeerrorcode` when the reason was a status, `knativeerrordata`:
     /// the reason, base64) and `Kubecast-Dead-Letter-Reason`.
@@ -142,8 +148,7 @@ impl HttpSink {
         let to = reqwest::Url::parse(url)
             .map_err(|e| SendError::Fatal(format!("[delivery.dead_letter] destination {url:?}: {e}")))?;
         let (mut headers, body) = encode(&msg.event, Mode::Binary);
-        let value =
-            |s: &str| HeaderValue::from_str(&crate::sink::header_value::header_value(s)).expect("percent-encoded");
+        let value = |s: &str| HeaderValue::from_str(&crate::sink::header_value(s)).expect("percent-encoded");
         headers.insert("ce-knativeerrordest", value(&self.shown));
         if let Some(code) =
             reason.strip_prefix("HTTP ").and_then(|r| r.get(..3)).filter(|c| c.bytes().all(|b| b.is_ascii_digit()))

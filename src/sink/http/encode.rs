@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::config::Mode;
 use crate::model::{AttributeValue, CloudEvent};
-use crate::sink::header_value::header_value;
+use crate::sink::header_value;
 
 pub const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=utf-8";
 

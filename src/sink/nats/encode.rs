@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::config::Mode;
 use crate::model::{AttributeValue, CloudEvent};
-use crate::sink::header_value::header_value;
+use crate::sink::header_value;
 
 pub(super) const STRUCTURED_CONTENT_TYPE: &str = "application/cloudevents+json; charset=UTF-8";
 
