@@ -27,8 +27,13 @@ const STATIC: usize = 10;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Sink {
-    Kafka { exactly_once: bool },
+    Kafka {
+        exactly_once: bool,
+    },
     Nats,
+    /// The CloudEvents HTTP receiver example, on the node's host address; the positions in a
+    /// NATS key-value bucket (the receiver keeps none).
+    Http,
 }
 
 /// A release of the chart in a namespace of its own, watching ConfigMaps of another one (the
@@ -40,6 +45,7 @@ struct Release {
     load: TestNamespace,
     topic: String,
     sink: Sink,
+    receiver: Option<common::receiver::Receiver>,
 }
 
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -74,7 +80,12 @@ impl Release {
         let topic = common::unique("cluster");
         let logs = node::LogKeeper::start(&ns.name, Self::selector());
         eprintln!("[cluster] {topic}: the pods' logs are kept in {}", logs.dir.display());
-        Self { ns, load, topic, sink, _logs: logs }
+        let receiver = (sink == Sink::Http).then(|| {
+            let host =
+                common::env_var("NATS_NODE_URL").trim_start_matches("nats://").split(':').next().unwrap().to_string();
+            common::receiver::Receiver::start_on(&host, &[])
+        });
+        Self { ns, load, topic, sink, receiver, _logs: logs }
     }
 
     fn api(&self, client: &kube::Client) -> Api<ConfigMap> {
@@ -95,12 +106,18 @@ impl Release {
                 "nats": {"url": common::env_var("NATS_NODE_URL"), "subject": format!("{}.{{namespace}}", self.topic),
                          "create_stream": true, "stream": {"name": self.topic, "subjects": [format!("{}.>", self.topic)]}}
             }),
+            Sink::Http => json!({
+                "type": "http",
+                "http": {"url": self.receiver.as_ref().expect("the receiver").url(), "mode": "structured"}
+            }),
         };
         let checkpoint = match self.sink {
             Sink::Kafka { .. } => {
                 json!({"flush_interval_ms": 200, "kafka": {"topic": format!("{}-state", self.topic)}})
             }
             Sink::Nats => json!({"flush_interval_ms": 200, "nats": {"bucket": format!("{}-state", self.topic)}}),
+            Sink::Http => json!({"store": "nats", "flush_interval_ms": 200,
+                                 "nats": {"bucket": format!("{}-state", self.topic), "url": common::env_var("NATS_NODE_URL")}}),
         };
         merged(
             json!({
@@ -128,6 +145,7 @@ impl Release {
                 read_committed: exactly_once,
             },
             Sink::Nats => Source::Nats { url: common::env_var("NATS_URL"), stream: self.topic.clone() },
+            Sink::Http => Source::HttpLog { path: self.receiver.as_ref().expect("the receiver").log.clone() },
         }
     }
 
@@ -374,6 +392,25 @@ async fn nats_install_and_a_deleted_pod_lose_nothing() {
     assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
     let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
     report("NATS install and delete pod", &verdict);
+    no_second_snapshot(&verdict.events);
+}
+
+/// The HTTP sink from a pod to a CloudEvents receiver, the positions in NATS: the active pod
+/// deleted under load, its replacement resumes; nothing lost, no second snapshot, the events
+/// judged from the receiver's own log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_install_and_a_deleted_pod_lose_nothing() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Http).await;
+    let client = client().await;
+    r.helm("install", &r.values(json!({}))).await;
+    r.one_leader().await;
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+    r.replace_the_pod().await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    report("HTTP install and delete pod", &verdict);
     no_second_snapshot(&verdict.events);
 }
 

@@ -19,11 +19,11 @@
 use kubecast_kit as common;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::receiver::Receiver;
 use common::traffic::{Delivery, Source, Traffic};
 use common::{Kubecast, TestNamespace, client, create_cm};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -32,89 +32,6 @@ use rdkafka::message::{Headers, Message};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
-
-/// The receiver example, run as a process of its own.
-struct Receiver {
-    child: Option<Child>,
-    port: u16,
-    args: Vec<String>,
-    tls: bool,
-    pub log: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Receiver {
-    fn start(args: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("received.jsonl");
-        let tls = args.contains(&"--tls-cert");
-        let mut r =
-            Self { child: None, port: 0, args: args.iter().map(|a| a.to_string()).collect(), tls, log, _dir: dir };
-        r.restart();
-        r
-    }
-
-    /// Starts it (again, on the same port and log, after `stop`).
-    fn restart(&mut self) {
-        assert!(self.child.is_none(), "stop it first");
-        let cmd = common::env().get("RECEIVER_HTTP").cloned().unwrap_or_else(|| {
-            panic!("RECEIVER_HTTP is not in the test environment file: build it with tests/env/tools consumers")
-        });
-        let mut child = Command::new(cmd)
-            .args(["--port", &self.port.to_string(), "--log"])
-            .arg(&self.log)
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start the HTTP receiver");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
-        let said: Value = serde_json::from_str(&first).unwrap_or_else(|e| panic!("the receiver said {first:?}: {e}"));
-        self.port = said["port"].as_u64().unwrap() as u16;
-        self.child = Some(child);
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("{}://127.0.0.1:{}/", if self.tls { "https" } else { "http" }, self.port)
-    }
-
-    /// Every request it accepted so far.
-    fn accepted(&self) -> Vec<Value> {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        text.lines().filter(|l| !l.is_empty()).map(|l| serde_json::from_str(l).unwrap()).collect()
-    }
-
-    /// Waits until it accepted at least `n` requests (bounded); returns them.
-    async fn wait_accepted(&self, n: usize, kc: &mut Kubecast) -> Vec<Value> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let got = self.accepted();
-            if got.len() >= n {
-                return got;
-            }
-            if let Some(status) = kc.exited() {
-                panic!("kubecast exited ({status}) with {} of {n} events accepted\n{}", got.len(), kc.log());
-            }
-            assert!(Instant::now() < deadline, "{} of {n} events accepted\n{}", got.len(), kc.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 fn http_sink(url: &str, extra: &str) -> String {
     format!("[sink]\ntype = \"http\"\n[sink.http]\nurl = \"{url}\"\n{extra}\n")

@@ -6,6 +6,7 @@
 //! * [`process`]: running the kubecast binary ([`Kubecast`]: a file sink and a checkpoint dir
 //!   in a fresh directory, its log, its admin server, signals);
 //! * [`sink`]: reading what it emitted (JSON lines of CloudEvents);
+//! * [`receiver`]: the CloudEvents HTTP receiver example, run as a process;
 //! * [`topic`]: a Kafka topic read to its end as it is now;
 //! * [`traffic`]: a steady load of changes and an independent Kafka or NATS consumer that
 //!   judges what was published (nothing lost, per-object order, duplicates);
@@ -18,6 +19,7 @@ pub mod cluster;
 pub mod env;
 pub mod node;
 pub mod process;
+pub mod receiver;
 pub mod sink;
 pub mod topic;
 pub mod traffic;
