@@ -301,3 +301,25 @@ async fn a_blocked_runtime_worker_does_not_hold_up_the_lease_renewals() {
     stop.cancel();
     keeper.await.expect("keeper task").expect("given up cleanly");
 }
+
+/// A Lease namespace that does not exist: not ready, the cause and the fix named (not the
+/// permission's), nothing published; the Lease is taken once the namespace exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_lease_namespace_is_named_and_then_taken() {
+    let client = common::client().await;
+    let ns = common::TestNamespace::new(&client, "lease-nons").await;
+    let lease_ns = common::unique("lease-later");
+    let config = common::lease_cm_config(&ns.name, "kubecast")
+        .replace(&format!("lease_namespace = \"{}\"", ns.name), &format!("lease_namespace = \"{lease_ns}\""));
+    let mut kc = common::Kubecast::start(&config);
+    kc.wait_ready_reason(&format!("create the namespace {lease_ns}")).await;
+    let (_, body) = kc.admin_get("/readyz").await;
+    assert!(!body.contains("grant get"), "not a permission: {body}");
+    let later = common::create_namespace(&client, &lease_ns, &[]).await.expect("create the Lease's namespace");
+    kc.wait_ready(200).await;
+    kc.kill9();
+    let _ = kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .delete(&lease_ns, &Default::default())
+        .await;
+    drop(later);
+}

@@ -21,6 +21,7 @@ use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, warn};
 
+pub use super::lease_error::LeaseError;
 use crate::model::Problem;
 use crate::model::shard::{MAX_SHARDS, Shard};
 use crate::observe::kube_error::in_words;
@@ -229,22 +230,6 @@ fn rand_fallback() -> u32 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos())
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "lease {namespace}/{name}: {message} (fix: grant get, watch, create and update on leases.coordination.k8s.io {name} in {namespace} to kubecast's identity)"
-)]
-pub struct LeaseError {
-    namespace: String,
-    name: String,
-    message: String,
-}
-
-impl LeaseError {
-    pub(crate) fn new(namespace: &str, name: &str, message: String) -> Self {
-        Self { namespace: namespace.to_string(), name: name.to_string(), message }
-    }
-}
-
 /// What one attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Attempt {
@@ -354,15 +339,15 @@ impl Elector {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    fn error(&self, message: String) -> LeaseError {
-        LeaseError { namespace: self.namespace.clone(), name: self.name.clone(), message }
+    fn error(&self, e: &kube::Error) -> LeaseError {
+        LeaseError::from_kube(&self.namespace, &self.name, e)
     }
 
     /// Takes or renews the Lease if this process may. A lost race (409) is `Other`.
     pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
-        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(in_words(&e).to_string()))?;
+        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(&e))?;
         let Some(mut lease) = existing else {
             // The read of the store runs on its own (it may take longer than an attempt may):
             // until it is done, no Lease is created and the attempt says so.
@@ -405,7 +390,7 @@ impl Elector {
                     Ok(Attempt::Held { epoch: start })
                 }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Attempt::Other { holder: "(just created)".into() }),
-                Err(e) => Err(self.error(in_words(&e).to_string())),
+                Err(e) => Err(self.error(&e)),
             };
         };
         let spec = lease.spec.get_or_insert_with(Default::default);
@@ -443,7 +428,7 @@ impl Elector {
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 Ok(Attempt::Other { holder: holder.unwrap_or_else(|| "(changed meanwhile)".into()) })
             }
-            Err(e) => Err(self.error(in_words(&e).to_string())),
+            Err(e) => Err(self.error(&e)),
         }
     }
 

@@ -16,7 +16,6 @@ use tracing::debug;
 
 use super::lease::{CoordinationConfig, LeaseError};
 use super::store::short_hash;
-use crate::observe::kube_error::in_words;
 
 /// The label that groups a deployment's Leases (its value: `lease_name`).
 pub const GROUP_LABEL: &str = "kubecast.io/lease-group";
@@ -68,15 +67,15 @@ impl Members {
         }
     }
 
-    fn error(&self, message: String) -> LeaseError {
-        LeaseError::new(&self.namespace, &self.name, message)
+    fn error(&self, e: &kube::Error) -> LeaseError {
+        LeaseError::from_kube(&self.namespace, &self.name, e)
     }
 
     /// Renews this replica's member Lease (creates it the first time).
     pub async fn heartbeat(&self) -> Result<(), LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
-        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(in_words(&e).to_string()))?;
+        let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(&e))?;
         let result = match existing {
             None => {
                 let labels =
@@ -107,7 +106,7 @@ impl Members {
         match result {
             // Written meanwhile (another attempt of this replica): the next renewal settles it.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            other => other.map_err(|e| self.error(in_words(&e).to_string())),
+            other => other.map_err(|e| self.error(&e)),
         }
     }
 
@@ -115,7 +114,7 @@ impl Members {
     /// for long are deleted on the way.
     pub async fn list(&mut self) -> Result<Group, LeaseError> {
         let params = ListParams::default().labels(&format!("{GROUP_LABEL}={}", self.group));
-        let leases = self.api.list(&params).await.map_err(|e| self.error(in_words(&e).to_string()))?;
+        let leases = self.api.list(&params).await.map_err(|e| self.error(&e))?;
         let mut group = Group::default();
         let mut present = BTreeSet::new();
         for lease in leases.items {

@@ -8,6 +8,7 @@
 
 pub mod assignment;
 pub mod lease;
+pub mod lease_error;
 pub mod members;
 pub mod persister;
 pub mod store;
