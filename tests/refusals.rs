@@ -275,6 +275,63 @@ async fn a_nats_subject_no_stream_covers_holds_the_stream_until_a_stream_does_an
     let _ = js.delete_stream(&name).await;
 }
 
+/// A NATS user whose permissions deny the subject: the server refuses each publish on the
+/// connection (no PubAck ever comes). Held and named, not read as a slow server and never
+/// dead-lettered; routed to a subject the user may publish on, every change arrives.
+#[tokio::test]
+async fn a_nats_subject_the_user_may_not_publish_on_holds_the_stream_and_loses_nothing() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-perm").await;
+    let js = jetstream::new(async_nats::connect(common::env_var("NATS_URL")).await.unwrap());
+    let prefix = common::unique("p").replace('-', "_");
+    let name = prefix.to_uppercase();
+    // The user "restricted" of the test server may not publish on denied.>.
+    js.create_stream(stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("denied.{prefix}.>"), format!("{prefix}.>")],
+        duplicate_window: Duration::from_secs(600),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let sink = |subject: &str| {
+        format!(
+            "[sink]\ntype = \"nats\"\n[sink.nats]\nurl = \"{}\"\nsubject = \"{subject}\"\nack_timeout_ms = 1000\n",
+            // The credentials in the URL: they must be sent (the server would let an
+            // anonymous client publish anywhere).
+            common::env_var("NATS_URL").replace(
+                "nats://",
+                &format!(
+                    "nats://{}:{}@",
+                    common::env_var("NATS_RESTRICTED_USER"),
+                    common::env_var("NATS_RESTRICTED_PASSWORD")
+                )
+            )
+        )
+    };
+    let denied = format!("denied.{prefix}.{{namespace}}");
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink(&denied), DELIVERY, &[]);
+    let source = Source::Nats { url: common::env_var("NATS_URL"), stream: name.clone() };
+    kc.wait_log("list complete", 1).await;
+    let traffic = Traffic::start(&Api::<ConfigMap>::namespaced(client.clone(), &ns.name), source, NAMES, RATE);
+    assert_held(
+        &mut kc,
+        &[
+            &format!("denied.{prefix}.{}", ns.name),
+            "the NATS user may not publish on the subject",
+            "Permissions Violation",
+        ],
+        "subject_not_permitted",
+    )
+    .await;
+    // The fix an operator without a say over the server's permissions makes: another subject.
+    kc.kill9();
+    kc.set_sink(&sink(&format!("{prefix}.{{namespace}}")));
+    kc.restart(&[]);
+    assert_resumed(kc, traffic, "subject_not_permitted").await;
+    let _ = js.delete_stream(&name).await;
+}
+
 /// Exactly-once, the state store's `transactional.id` not granted: a set-up mistake, not
 /// another owner. The process stays up, not ready, naming the transactional.id and the fix,
 /// writes nothing and publishes nothing (its streams start once the store is open); once

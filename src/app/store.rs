@@ -242,10 +242,20 @@ pub(super) fn kafka_client(config: &Config, sink: &Sink) -> Result<ClientConfig,
 pub(super) async fn nats_client(config: &Config, sink: &Sink) -> Result<async_nats::Client, CheckpointError> {
     match (&config.checkpoint.nats.url, sink.nats()) {
         (None, Some(n)) => Ok(n.client().clone()),
-        (Some(url), _) => async_nats::connect(url.as_str()).await.map_err(|e| CheckpointError::Broker {
-            what: format!("checkpoint.nats.url {:?}", crate::sink::secret::url_for_display(url)),
-            cause: e.to_string(),
-        }),
+        (Some(url), _) => {
+            // Credentials written in the URL: async-nats would not send them.
+            let opts = match crate::sink::nats::url_credentials(url) {
+                Some(crate::sink::nats::UrlCredentials::UserPassword(u, p)) => {
+                    async_nats::ConnectOptions::with_user_and_password(u, p)
+                }
+                Some(crate::sink::nats::UrlCredentials::Token(t)) => async_nats::ConnectOptions::with_token(t),
+                None => async_nats::ConnectOptions::new(),
+            };
+            opts.connect(url.as_str()).await.map_err(|e| CheckpointError::Broker {
+                what: format!("checkpoint.nats.url {:?}", crate::sink::secret::url_for_display(url)),
+                cause: e.to_string(),
+            })
+        }
         (None, None) => unreachable!("checked by the config"),
     }
 }

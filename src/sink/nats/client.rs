@@ -12,6 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::config::{Mode, NatsConfig, Storage, StreamSettings, clean_subject_token, subject_template};
 use super::encode::encode;
+use super::permissions::Refused;
 use crate::model::{Fields, Refusal};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
@@ -27,6 +28,8 @@ pub struct NatsSink {
     stream: StreamSettings,
     stream_subjects: Vec<String>,
     connected: Arc<AtomicBool>,
+    /// Subjects the server refused publishes on (its permissions).
+    refused: Refused,
     /// `server.address` / `server.port` of send spans: the first server of `url`.
     server: Vec<opentelemetry::KeyValue>,
 }
@@ -36,7 +39,8 @@ impl NatsSink {
     /// waits up to `wait` for the first connection.
     pub async fn open(cfg: &NatsConfig, max_in_flight: usize, wait: Duration) -> Result<Self, SinkError> {
         let connected = Arc::new(AtomicBool::new(false));
-        let opts = connect_options(cfg, connected.clone()).await?;
+        let refused = Refused::default();
+        let opts = connect_options(cfg, connected.clone(), refused.clone()).await?;
         let client = opts
             .connect(cfg.url.as_str())
             .await
@@ -60,6 +64,7 @@ impl NatsSink {
             stream: cfg.stream.clone(),
             stream_subjects: cfg.stream_subjects(),
             connected,
+            refused,
             server: crate::observe::trace::server_attributes(&cfg.url, 4222),
         };
         let deadline = tokio::time::Instant::now() + wait;
@@ -234,6 +239,13 @@ impl NatsSink {
         };
         let ack = match ack.await {
             Ok(ack) => ack,
+            // No PubAck because the server refused the publish itself (its permissions).
+            Err(e) if let Some(said) = self.refused.recent(subject.as_str()) => {
+                return Err(SendError::Refused {
+                    refusal: Refusal::SubjectNotPermitted,
+                    reason: format!("NATS subject {:?}: {said} ({e})", subject.as_str()),
+                });
+            }
             Err(e) => return Err(Box::pin(classify_checked(js, &subject, e)).await),
         };
         if ack.duplicate {
@@ -262,7 +274,11 @@ impl NatsSink {
     }
 }
 
-async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result<ConnectOptions, SinkError> {
+async fn connect_options(
+    cfg: &NatsConfig,
+    connected: Arc<AtomicBool>,
+    refused: Refused,
+) -> Result<ConnectOptions, SinkError> {
     let secret =
         |key: &str, v: &str| secret::resolve(v).map_err(|e| SinkError::Config(format!("sink.nats.{key}: {e}")));
     let mut opts = match &cfg.credentials_file {
@@ -276,6 +292,13 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
     };
     if let (Some(user), Some(password)) = (&cfg.user, &cfg.password) {
         opts = opts.user_and_password(user.clone(), secret("password", password)?);
+    }
+    // Written in the URL, when no key gives credentials (async-nats would not send them).
+    let keyed = cfg.user.is_some() || cfg.token.is_some() || cfg.nkey_seed.is_some() || cfg.credentials_file.is_some();
+    match super::url_credentials(&cfg.url).filter(|_| !keyed) {
+        Some(super::UrlCredentials::UserPassword(user, password)) => opts = opts.user_and_password(user, password),
+        Some(super::UrlCredentials::Token(token)) => opts = opts.token(token),
+        None => {}
     }
     if let Some(token) = &cfg.token {
         opts = opts.token(secret("token", token)?);
@@ -313,6 +336,7 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
         .event_callback(move |event| {
             let connected = connected.clone();
             let server = server.clone();
+            let refused = refused.clone();
             async move {
                 match &event {
                     async_nats::Event::Connected => {
@@ -326,6 +350,9 @@ async fn connect_options(cfg: &NatsConfig, connected: Arc<AtomicBool>) -> Result
                     async_nats::Event::ServerError(async_nats::ServerError::AuthorizationViolation) => {
                         connected.store(false, Ordering::Relaxed);
                         error!(target: "kubecast::nats", "NATS refused the credentials: authorization violation (fix: check sink.nats user/password, token, nkey_seed or credentials_file, and the user's permissions)");
+                    }
+                    async_nats::Event::ServerError(async_nats::ServerError::Other(m)) if refused.note(m) => {
+                        warn!(target: "kubecast::nats", "NATS refused a publish: {m} (fix: allow the NATS user to publish on the subject, its permissions.publish)");
                     }
                     async_nats::Event::ServerError(e) => error!(target: "kubecast::nats", "NATS server error: {e}"),
                     // Connection attempts report their failures as client errors.

@@ -23,7 +23,9 @@
 mod client;
 mod config;
 mod encode;
+mod permissions;
 mod reconnect;
+mod url_credentials;
 
 pub use client::NatsSink;
 pub use config::{
@@ -31,3 +33,4 @@ pub use config::{
     subject_template, url_problem,
 };
 pub use encode::encode;
+pub use url_credentials::{UrlCredentials, url_credentials};
