@@ -14,6 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     kubecast::app::allocator::configure();
+    kubecast::app::tls_provider();
     // clap would say only that `--config` needs a value (a template that rendered nothing).
     if std::env::var_os("KUBECAST_CONFIG").is_some_and(|v| v.is_empty()) {
         eprintln!(

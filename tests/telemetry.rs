@@ -246,6 +246,8 @@ impl Extractor for HeaderMapExtractor<'_> {
 async fn consume_traced(endpoint: &str, destination: &str, messages: Vec<BTreeMap<String, String>>) {
     let (endpoint, destination) = (endpoint.to_string(), destination.to_string());
     tokio::task::spawn_blocking(move || {
+        // The exporter's HTTP client has no TLS crypto of its own (kubecast's build).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_endpoint(format!("{endpoint}/v1/traces"))
@@ -582,6 +584,46 @@ async fn nats_one_trace_per_event_continued_by_the_consumer() {
     }
     assert_eq!(k.stop().code(), Some(0), "{}", k.log());
     js.delete_stream(&stream_name).await.unwrap();
+}
+
+// ------------------------------------------------------------------ HTTP
+
+/// Into a CloudEvents HTTP receiver (the SDK example), binary mode: each request carries the
+/// send span's `traceparent` as a plain header and as the CloudEvent extension.
+#[tokio::test]
+async fn http_one_trace_per_event_continued_by_the_receiver() {
+    let collector = Collector::start().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "otel-http").await;
+    let receiver = common::receiver::Receiver::start(&[]);
+    let url = receiver.url();
+    let sink = format!("[sink]\ntype = \"http\"\n[sink.http]\nurl = \"{url}\"\n{}", telemetry_toml(&collector));
+    let mut k =
+        Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, "", &[("OTEL_BSP_SCHEDULE_DELAY", "200")]);
+    k.wait_ready(200).await;
+    let mut ids = HashMap::new();
+    for i in 0..EVENTS {
+        let cm = create_cm(&client, &ns.name, &format!("traced-{i}"), json!({}), json!({"k": "v"})).await;
+        let (id, uid) = event_id(&cm);
+        ids.insert(id, uid);
+    }
+    let got = receiver.wait_accepted(EVENTS, &mut k).await;
+    let sent: Vec<Sent> = got
+        .iter()
+        .map(|e| {
+            let id = e["attributes"]["id"].as_str().unwrap().to_string();
+            let uid = ids.get(&id).unwrap_or_else(|| panic!("unexpected event {id}")).clone();
+            let header = e["traceparent"].as_str().expect("a traceparent header on the request").to_string();
+            let extension = e["attributes"]["traceparent"].as_str().expect("the CloudEvent extension").to_string();
+            let headers = BTreeMap::from([("traceparent".to_string(), header)]);
+            Sent { id, uid, message: Received { headers, payload: Vec::new(), partition: 0, offset: 0 }, extension }
+        })
+        .collect();
+    consume_traced(&collector.endpoint, &url, sent.iter().map(|s| s.message.headers.clone()).collect()).await;
+    let spans = collector.wait_spans("the spans of every event and receiver", complete(EVENTS)).await;
+    let port = url.trim_end_matches('/').rsplit(':').next().unwrap().parse().unwrap();
+    check_traces(&spans, &sent, "http", &url, "k8s://e2e/api/v1/configmaps", port);
+    assert_eq!(k.stop().code(), Some(0), "{}", k.log());
 }
 
 // ------------------------------------------------------------------ traces off

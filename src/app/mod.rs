@@ -23,3 +23,11 @@ pub mod state_cmd;
 mod store;
 mod supervise;
 pub mod wiring;
+
+/// The process's TLS crypto for every rustls client built without one of its own (the
+/// OpenTelemetry exporter's HTTP client): ring, as the apiserver client and the HTTP sink use.
+/// Without it such a client would panic when built.
+pub fn tls_provider() {
+    // Err: one was installed before (a second call); it is kept.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
