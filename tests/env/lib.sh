@@ -406,13 +406,15 @@ ensure_prometheus_crds() {
 # ensure_consumers: the consumer examples of examples/consumers (tests/consumers.rs), each
 # built once per version of its inputs and cached: a Python venv from requirements.txt, the Go
 # binary, the Java jar with its lib/. Linked as $BIN_DIR/consumer-{python,go,java} (keys
-# CONSUMER_PYTHON, CONSUMER_GO, CONSUMER_JAVA: commands taking the consumers' options), and
-# the HTTP receiver example of examples/receivers/http in the Python venv (RECEIVER_HTTP).
+# CONSUMER_PYTHON, CONSUMER_GO, CONSUMER_JAVA: commands taking the consumers' options), the
+# HTTP receiver example of examples/receivers/http in the Python venv (RECEIVER_HTTP), and the
+# HTTP/2 receiver of examples/receivers/go (RECEIVER_HTTP2).
 ensure_consumers() {
 	local src=$REPO_DIR/examples/consumers
 	ensure_consumer_python "$src/python"
 	ensure_consumer_go "$src/go"
 	ensure_consumer_java "$src/java"
+	ensure_receiver_go "$REPO_DIR/examples/receivers/go"
 }
 
 ensure_consumer_python() {
@@ -467,6 +469,25 @@ ensure_consumer_go() {
 		unlock_build 8
 	fi
 	link_bin "$out" consumer-go
+}
+
+# The CloudEvents HTTP receiver in Go (HTTP/2 over TLS and h2c), cached like the Go consumer.
+ensure_receiver_go() {
+	local dir=$1 out
+	out=$CACHE_DIR/bin/receiver-http2-$(inputs_hash "$dir/go.mod" "$dir/go.sum" "$dir/main.go")
+	if [[ ! -x $out ]]; then
+		find_go
+		lock_build 8 receiver-http2
+		if [[ ! -x $out ]]; then
+			log "building the Go HTTP/2 receiver (first run, ~30 s) ..."
+			local t0=$SECONDS
+			go_build "the Go HTTP/2 receiver" "$dir" "$STATE_DIR/build-receiver-http2.log" -- -ldflags '-s -w' -o "$out.tmp" .
+			mv -f "$out.tmp" "$out"
+			log "built the Go HTTP/2 receiver in $((SECONDS - t0))s"
+		fi
+		unlock_build 8
+	fi
+	link_bin "$out" receiver-http2
 }
 
 ensure_consumer_java() {
@@ -706,6 +727,7 @@ write_env() {
 		fi
 		if [[ -x $BIN_DIR/consumer-python ]]; then kv CONSUMER_PYTHON "$BIN_DIR/consumer-python"; fi
 		if [[ -x $BIN_DIR/receiver-http ]]; then kv RECEIVER_HTTP "$BIN_DIR/receiver-http"; fi
+		if [[ -x $BIN_DIR/receiver-http2 ]]; then kv RECEIVER_HTTP2 "$BIN_DIR/receiver-http2"; fi
 		if [[ -x $BIN_DIR/consumer-go ]]; then kv CONSUMER_GO "$BIN_DIR/consumer-go"; fi
 		if [[ -x $BIN_DIR/consumer-java ]]; then kv CONSUMER_JAVA "$BIN_DIR/consumer-java"; fi
 	} >"$tmp"
