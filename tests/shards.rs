@@ -329,35 +329,87 @@ async fn server_side_filtering_gives_the_unsharded_events() {
 
 /// The stored positions of one shard count do not resume under another: a replica started with
 /// another count, or without shards, on the same state stops with an error naming both counts.
+/// Waits until `kc` emitted an event about `ns/name` whose verb is `verb` (and, for a
+/// modification, whose object has `data.v == v`).
+async fn wait_change(kc: &mut Kubecast, ns: &str, name: &str, verb: &str, v: Option<&str>) {
+    let subject = format!("{ns}/{name}");
+    kc.wait_for(&format!("{verb} {subject}"), WAIT, |evs| {
+        common::about(evs, &subject)
+            .iter()
+            .any(|e| common::verb(e) == verb && v.is_none_or(|v| e["data"]["data"]["v"] == v))
+    })
+    .await;
+}
+
+/// The count changes while replicas run, as a `helm upgrade` of `coordination.shards` (or a
+/// rollback) does: 2 shards, then a replica of 3 joins (the 2-shard one gives every shard up
+/// and takes none; the new one waits for them, then resumes from their positions), then 1
+/// (no shards). Each count after the first resumes by a relist-diff against the positions the
+/// last count wrote: the changes made during the handover arrive, deletes included, and the
+/// objects that did not change are not sent again (no snapshot).
 #[tokio::test(flavor = "multi_thread")]
-async fn another_shard_count_than_the_stored_state_s_is_refused_at_start() {
+async fn changing_the_shard_count_resumes_from_the_old_positions_without_a_snapshot() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "shards-count").await;
     let state = common::unique("shards-state");
     let lease = common::unique("lease");
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    for i in 0..6 {
+        create_cm(&client, &ns.name, &format!("static-{i}"), json!({}), json!({"v": "1"})).await;
+    }
     let (two, checkpoint) = sharded(&ns.name, &lease, 2, &state);
-    let mut kc = Kubecast::start_with_checkpoint(&two, &checkpoint, &[]);
-    kc.wait_log("list complete", 2).await;
+    let mut a = Kubecast::start_with_checkpoint(&two, &checkpoint, &[]);
+    a.wait_log("list complete", 2).await;
     create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;
-    let x = format!("{}/x", ns.name);
-    kc.wait_for("x", WAIT, |e| !common::about(e, &x).is_empty()).await;
+    wait_change(&mut a, &ns.name, "x", "added", None).await;
     let deadline = Instant::now() + WAIT;
     while positions(&state).iter().map(|(k, _, _)| k).collect::<BTreeSet<_>>().len() < 2 {
-        assert!(Instant::now() < deadline, "both shards' positions written:\n{}", kc.log());
+        assert!(Instant::now() < deadline, "both shards' positions written:\n{}", a.log());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(kc.stop().success(), "{}", kc.log());
 
-    let (four, _) = sharded(&ns.name, &lease, 4, &state);
-    let unsharded = common::lease_cm_config(&ns.name, &common::unique("lease"));
-    for (config, ours) in [(four, 4), (unsharded, 1)] {
-        let mut kc = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
-        let status = kc.wait_exit(WAIT).await;
-        assert!(!status.success(), "started on the state of 2 shards with {ours}:\n{}", kc.log());
-        let want = format!("was written with [coordination] shards = 2, and this process runs shards = {ours}");
-        assert!(kc.log().contains(&want), "{want}:\n{}", kc.log());
-        assert!(kc.events().is_empty(), "nothing published:\n{}", common::pretty(&kc.events()));
+    // A replica of 3 joins while the one of 2 runs.
+    let (three, _) = sharded(&ns.name, &lease, 3, &state);
+    let mut b = Kubecast::start_with_checkpoint(&three, &checkpoint, &[]);
+    a.wait_log("giving every shard up: another shard count takes over", 1).await;
+    a.wait_ready_reason("the shard count is changing").await;
+    // Changes during the handover.
+    api.patch("x", &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}}))).await.unwrap();
+    create_cm(&client, &ns.name, "y", json!({}), json!({"v": "1"})).await;
+    api.delete("static-0", &DeleteParams::default()).await.unwrap();
+    let spread = wait_spread(&mut [&mut a, &mut b], 3, &[0, 3], "3 shards on the new replica").await;
+    assert!(spread[0].is_empty(), "the 2-shard replica holds nothing: {spread:?}");
+    wait_change(&mut b, &ns.name, "x", "modified", Some("2")).await;
+    wait_change(&mut b, &ns.name, "y", "added", None).await;
+    wait_change(&mut b, &ns.name, "static-0", "deleted", None).await;
+    assert!(b.log().contains("resuming from its index"), "{}", b.log());
+    for i in 1..6 {
+        let s = format!("{}/static-{i}", ns.name);
+        assert!(
+            common::about(&b.events(), &s).is_empty(),
+            "static-{i} did not change: not sent again\n{}",
+            common::pretty(&b.events())
+        );
     }
+    assert!(a.stop().success(), "{}", a.log());
+    assert!(b.stop().success(), "{}", b.log());
+
+    // Back to no shards, from the 3 shards' positions.
+    api.patch("static-1", &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}}))).await.unwrap();
+    let unsharded = common::lease_cm_config(&ns.name, &lease);
+    let mut c = Kubecast::start_with_checkpoint(&unsharded, &checkpoint, &[]);
+    wait_change(&mut c, &ns.name, "static-1", "modified", Some("2")).await;
+    create_cm(&client, &ns.name, "z", json!({}), json!({"v": "1"})).await;
+    wait_change(&mut c, &ns.name, "z", "added", None).await;
+    for name in ["x", "y", "static-2", "static-3"] {
+        let s = format!("{}/{name}", ns.name);
+        assert!(
+            common::about(&c.events(), &s).is_empty(),
+            "{name} did not change: not sent again\n{}",
+            common::pretty(&c.events())
+        );
+    }
+    assert!(c.stop().success(), "{}", c.log());
 }
 
 /// `kubecast state reset` and `import` keep unsharded state: with shards they refuse, naming

@@ -34,6 +34,7 @@ use crate::observe::metrics::ShardLabel;
 use crate::sink::Sink;
 use crate::source::client::ApiLimiter;
 use crate::state::assignment::{View, decide};
+use crate::state::count_change::{CountChange, count_change};
 use crate::state::lease::{Attempt, Elector};
 use crate::state::members::{Members, shard_labels};
 use crate::state::store::CheckpointError;
@@ -97,7 +98,7 @@ pub async fn run(
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 warn!(error = %e, "this replica's member lease not renewed; retrying");
-                problem = Some(e.to_string());
+                problem = Some(format!("the lease cannot be read or taken: {e}"));
             }
             Err(_) => warn!("this replica's member lease not renewed: {}; retrying", no_answer()),
         }
@@ -108,9 +109,32 @@ pub async fn run(
         match listed {
             Err(e) => {
                 warn!(error = %e, "the shards' leases cannot be listed; retrying");
-                problem = Some(e);
+                problem = Some(format!("the lease cannot be read or taken: {e}"));
             }
-            Ok(group) => {
+            Ok(group) => 'decide: {
+                let leases = group.shards.iter().map(|(name, l)| {
+                    let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
+                    (name.as_str(), holder)
+                });
+                let change = count_change(
+                    &identity,
+                    group.joined,
+                    count,
+                    &cfg.lease_name,
+                    &group.other_counts,
+                    leases,
+                    &group.members,
+                );
+                if let Some(change) = change {
+                    if matches!(change, CountChange::Yield { .. }) && !running.is_empty() {
+                        warn!(reason = %change.reason(count), "giving every shard up: another shard count takes over");
+                        for token in running.values() {
+                            token.cancel();
+                        }
+                    }
+                    problem = Some(change.reason(count));
+                    break 'decide;
+                }
                 let holders = Shard::all(count)
                     .map(|s| match electors.get_mut(&s) {
                         None => Some(identity.clone()), // running here
@@ -122,7 +146,12 @@ pub async fn run(
                             .filter(|holder| *holder != identity),
                     })
                     .collect();
-                let mut view = View { members: group.members, holders };
+                // The replicas of another count take none of this count's shards.
+                let mut members = group.members;
+                for o in &group.other_counts {
+                    members.remove(&o.identity);
+                }
+                let mut view = View { members, holders };
                 view.members.insert(identity.clone());
                 let decision = decide(&identity, count, &view);
                 if let Some(s) = decision.release
@@ -147,7 +176,7 @@ pub async fn run(
                         }
                         Ok(Err(err)) => {
                             warn!(shard = %s, error = %err, "the shard's lease cannot be taken; retrying");
-                            problem = Some(err.to_string());
+                            problem = Some(format!("the lease cannot be read or taken: {err}"));
                             electors.insert(s, e);
                         }
                         Err(_) => {
@@ -157,7 +186,7 @@ pub async fn run(
                 }
             }
         }
-        health.set_lease_problem(problem.map(|p| format!("the lease cannot be read or taken: {p}")));
+        health.set_lease_problem(problem);
         set_standby(&health, &running, count);
         tokio::select! {
             _ = cancel.cancelled() => {}

@@ -19,6 +19,10 @@ pub struct Position {
     /// The next list emits every object, whatever `initial` says (`kubecast state reset --to
     /// snapshot`); cleared once that list is acknowledged.
     pub snapshot: bool,
+    /// Adopted from the state of another `[coordination] shards` (its count; 1: without
+    /// shards): no `resource_version`, so the stream relists and diffs against `objects`; the
+    /// whole index is written at the first write (none of it is stored under this shard yet).
+    pub adopted_from: Option<u32>,
 }
 
 /// An index change carried by an item.

@@ -21,6 +21,8 @@ use super::store::short_hash;
 pub const GROUP_LABEL: &str = "kubecast.io/lease-group";
 /// The label that says what a Lease of the group is: `member` or `shard`.
 pub const ROLE_LABEL: &str = "kubecast.io/lease-role";
+/// The label of a member Lease that says its replica's `[coordination] shards`.
+pub const SHARDS_LABEL: &str = "kubecast.io/shards";
 /// A member Lease not renewed for this many lease durations is deleted.
 const FORGET_AFTER: u32 = 5;
 
@@ -39,6 +41,28 @@ pub struct Group {
     pub members: BTreeSet<String>,
     /// The shards' Leases, by name.
     pub shards: HashMap<String, Lease>,
+    /// The live replicas that run another `[coordination] shards` (a change of the count in
+    /// progress), with when each joined.
+    pub other_counts: Vec<OtherCount>,
+    /// When this replica joined (its member Lease's creation), once its Lease was written.
+    pub joined: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+/// A live replica of the group that runs another shard count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtherCount {
+    pub identity: String,
+    pub shards: u32,
+    /// Its member Lease's creation (the apiserver's clock: comparable between replicas).
+    pub joined: Option<k8s_openapi::jiff::Timestamp>,
+}
+
+impl OtherCount {
+    /// Whether it joined after a replica that joined at `joined` with `identity`: the count
+    /// of the replica that joined last is the one the deployment changes to.
+    pub fn joined_after(&self, joined: Option<k8s_openapi::jiff::Timestamp>, identity: &str) -> bool {
+        (self.joined, self.identity.as_str()) > (joined, identity)
+    }
 }
 
 /// This replica's member Lease and its view of the others'.
@@ -49,6 +73,8 @@ pub struct Members {
     identity: String,
     name: String,
     duration: Duration,
+    /// This replica's `[coordination] shards`, in its member Lease's labels.
+    shards: u32,
     /// Per member Lease: its last (holder, renew time) and when it was first seen so.
     seen: HashMap<String, (Record, Instant)>,
 }
@@ -63,6 +89,7 @@ impl Members {
             namespace,
             identity,
             duration: Duration::from_secs(cfg.lease_duration_seconds.into()),
+            shards: cfg.shards,
             seen: HashMap::new(),
         }
     }
@@ -78,8 +105,11 @@ impl Members {
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(&e))?;
         let result = match existing {
             None => {
-                let labels =
-                    [(GROUP_LABEL.to_string(), self.group.clone()), (ROLE_LABEL.to_string(), "member".to_string())];
+                let labels = [
+                    (GROUP_LABEL.to_string(), self.group.clone()),
+                    (ROLE_LABEL.to_string(), "member".to_string()),
+                    (SHARDS_LABEL.to_string(), self.shards.to_string()),
+                ];
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(self.name.clone()),
@@ -96,6 +126,12 @@ impl Members {
                 self.api.create(&PostParams::default(), &lease).await.map(drop)
             }
             Some(mut lease) => {
+                // Written by an older kubecast, or before a change of the count.
+                lease
+                    .metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(SHARDS_LABEL.to_string(), self.shards.to_string());
                 let spec = lease.spec.get_or_insert_with(Default::default);
                 spec.holder_identity = Some(self.identity.clone());
                 spec.renew_time = Some(now);
@@ -125,6 +161,15 @@ impl Members {
                 continue;
             }
             present.insert(name.clone());
+            // Without the label: an older kubecast's, of this count as far as it can tell.
+            let shards = lease
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SHARDS_LABEL))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(self.shards);
+            let joined = lease.metadata.creation_timestamp.as_ref().map(|t| t.0);
             let spec = lease.spec.unwrap_or_default();
             let Some(holder) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else { continue };
             let record = (Some(holder.clone()), spec.renew_time.clone());
@@ -133,7 +178,13 @@ impl Members {
                 _ => Instant::now(),
             };
             self.seen.insert(name.clone(), (record, since));
+            if holder == self.identity {
+                group.joined = joined;
+            }
             if holder == self.identity || since.elapsed() < self.duration {
+                if shards != self.shards {
+                    group.other_counts.push(OtherCount { identity: holder.clone(), shards, joined });
+                }
                 group.members.insert(holder);
             } else if since.elapsed() >= self.duration * FORGET_AFTER {
                 debug!(lease = %name, holder = %holder, "deleting the member lease of a replica gone long ago");

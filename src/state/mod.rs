@@ -7,6 +7,7 @@
 //! store's owner writes it.
 
 pub mod assignment;
+pub mod count_change;
 pub mod lease;
 pub mod lease_error;
 pub mod members;

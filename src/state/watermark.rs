@@ -52,13 +52,19 @@ pub struct Watermark {
 impl Watermark {
     /// Starts from a loaded (or empty) checkpoint; the reflector numbers its items from 0.
     pub fn new(start: Position) -> Self {
+        // Adopted from another shard count: none of the index is stored under this shard yet,
+        // so the first write carries all of it.
+        let mut changed = Uids::default();
+        if start.adopted_from.is_some() {
+            changed.extend(start.objects.iter().map(|(uid, _)| uid.to_string()));
+        }
         Self {
             next: 0,
             ahead: BTreeMap::new(),
             resource_version: start.resource_version,
             index: SharedIndex::new(start.objects),
-            changed: Uids::default(),
-            dirty: false,
+            changed,
+            dirty: start.adopted_from.is_some(),
             snapshot: start.snapshot,
         }
     }
@@ -100,6 +106,7 @@ impl Watermark {
             objects: self.index.lock().objects.clone(),
             acked_ahead: Vec::new(),
             snapshot: self.snapshot,
+            adopted_from: None,
         }
     }
 
@@ -229,6 +236,7 @@ mod tests {
             objects: [("z".to_string(), entry("4"))].into_iter().collect(),
             acked_ahead: Vec::new(),
             snapshot: false,
+            adopted_from: None,
         };
         let mut wm = Watermark::new(start);
         let shared = wm.index();

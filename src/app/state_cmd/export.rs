@@ -106,6 +106,7 @@ impl ExportedStream {
             objects,
             acked_ahead: self.acked_ahead.clone(),
             snapshot: self.snapshot,
+            adopted_from: None,
         }
     }
 }

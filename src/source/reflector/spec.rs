@@ -74,6 +74,9 @@ pub struct Start {
     /// The first list emits every object, whatever `initial` says (`kubecast state reset
     /// --to snapshot`).
     pub snapshot: bool,
+    /// `index` was adopted from another shard count's state (no `resume`): the first list is a
+    /// relist-diff against it, as after 410 Gone, never a snapshot.
+    pub relist: bool,
 }
 
 /// One unit the reflector hands to the pipeline. `change` is `None` for items that only

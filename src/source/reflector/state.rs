@@ -133,7 +133,7 @@ impl Reflector {
     /// A stream that starts from `start` (its persisted position and index) and emits into
     /// `tx`.
     pub fn new(spec: StreamSpec, start: Start, tx: mpsc::Sender<Item>) -> Self {
-        let listed_once = start.resume.is_some();
+        let listed_once = start.resume.is_some() || start.relist;
         let spec_name = spec.name.clone();
         let streaming = if spec.streaming_lists { None } else { Some(false) };
         let acked_ahead = start.acked_ahead.into_iter().collect();

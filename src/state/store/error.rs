@@ -54,12 +54,6 @@ pub enum CheckpointError {
         "{what} was written under lease epoch {stored} (by {writer}), and this process holds epoch {ours}: a later holder of the Lease owns the state, so this process does not write it and stops (fix: none needed if that holder is the active process now; if the Lease was deleted and made again, set its spec.leaseTransitions to {stored} so that the next holder's epoch is higher)"
     )]
     Superseded { what: String, stored: i64, ours: i64, writer: String },
-    /// The stored state was written with another `[coordination] shards`: each shard's
-    /// positions cover only its objects, so they cannot be resumed under another count.
-    #[error(
-        "{what} was written with [coordination] shards = {stored}, and this process runs shards = {ours}: positions of one shard count cannot resume under another (fix: set shards = {stored} again, or change the count as docs/sharding.md describes: stop every replica, then start the new count on a new state topic or bucket)"
-    )]
-    ShardLayout { what: String, stored: u32, ours: u32 },
     #[error("{what}: {cause}")]
     Broker { what: String, cause: String },
     /// The broker refuses this process's state writes for a set-up reason (a missing ACL, a

@@ -306,6 +306,7 @@ impl FileStore {
             objects: snap.objects.0,
             acked_ahead: snap.acked_ahead,
             snapshot: snap.snapshot,
+            adopted_from: None,
         };
         let (journal, last) = self.replay(key, snap.seq, &mut position)?;
         self.set_files(key, Files { snapshot: Some(bytes.len() as u64), journal, next_seq: last.max(snap.seq) + 1 });

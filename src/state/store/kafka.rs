@@ -438,7 +438,7 @@ fn load(
     let started = Instant::now();
     let mut loader = Loader::new(format!("Kafka topic {topic}"), keys, owner);
     let records = read_to_end(client, topic, "kubecast-state-loader", "has no partitions", |key, m| {
-        loader.apply(key, m.payload())
+        loader.apply(key, m.payload(), u64::try_from(m.offset()).unwrap_or_default())
     })?;
     info!(topic, records, took = ?started.elapsed(), "Kafka state topic read");
     loader.finish()

@@ -20,6 +20,7 @@
 //! Invariant: only the owner of the store writes it (the file lock, the Kafka producer epoch,
 //! the NATS revision); an [`CheckpointError::Fenced`] write stops the process.
 
+mod adopt;
 mod error;
 pub mod file;
 pub mod kafka;

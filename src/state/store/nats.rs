@@ -27,7 +27,7 @@ use tokio::sync::Mutex;
 use tracing::info;
 
 use super::error::CheckpointError;
-use super::record::{Loader, PositionRecord, check_layout, encode_object, layout_of, object_key, position_key};
+use super::record::{Loader, PositionRecord, encode_object, object_key, position_key};
 use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
 
@@ -177,7 +177,6 @@ impl NatsStore {
     /// Reads each stream's records, then claims it (its position record rewritten under this
     /// process's epoch, on condition that nobody wrote it since).
     pub async fn load(&self, keys: &[StreamKey]) -> Result<Vec<Option<Position>>, CheckpointError> {
-        self.check_layout(keys).await?;
         let mut out = Vec::new();
         for key in keys {
             let mut attempt = 0;
@@ -214,45 +213,46 @@ impl NatsStore {
         Ok(out)
     }
 
-    /// Refuses state of these streams written with another `[coordination] shards`
-    /// ([`check_layout`]): the position records of the whole stream and of every shard of it
-    /// are read (their keys only; not the index records).
-    async fn check_layout(&self, keys: &[StreamKey]) -> Result<(), CheckpointError> {
-        let what = format!("NATS key-value bucket {}", self.bucket);
-        let bases = layout_of(keys);
-        let stream = self.js.get_stream(format!("KV_{}", self.bucket)).await.map_err(|e| broker(&what, e))?;
-        for base in bases.keys() {
-            let filter = consumer::pull::Config {
-                filter_subjects: vec![self.subject(&position_key(base)), self.subject(&format!("{base}.*.p"))],
-                ..Default::default()
-            };
-            each_latest(&stream, &self.bucket, &what, filter, |k, _, _| {
-                check_layout(&format!("NATS bucket {}", self.bucket), k, &bases).map(|_| ())
-            })
-            .await?;
-        }
-        Ok(())
-    }
-
+    /// One stream's records: the position records of every layout of it (its own, the other
+    /// shards', another shard count's), its own records, and where another layout's state was
+    /// written last, that layout's index records too (see `adopt.rs`).
     async fn load_one(&self, key: &StreamKey) -> Result<(Option<Position>, Option<Last>), CheckpointError> {
         let what = format!("NATS key-value bucket {}", self.bucket);
-        let id = key.id();
+        let (id, base) = (key.id(), key.base_id());
         let stream = self.js.get_stream(format!("KV_{}", self.bucket)).await.map_err(|e| broker(&what, e))?;
         let keys = [key.clone()];
         let mut loader = Loader::new(format!("NATS bucket {}", self.bucket), &keys, &self.owner);
         let mut last = None;
-        let filter =
-            consumer::pull::Config { filter_subject: format!("{}.>", self.subject(&id)), ..Default::default() };
         let position_record = position_key(&id);
-        each_latest(&stream, &self.bucket, &what, filter, |k, deleted, m| {
-            loader.apply(k, (!deleted).then_some(m.payload.as_ref()))?;
+        let sequence =
+            |m: &async_nats::jetstream::Message| m.info().map(|i| i.stream_sequence).map_err(|e| broker(&what, e));
+        // Every layout's position records (the unsharded one, each shard's of any count).
+        let positions = consumer::pull::Config {
+            filter_subjects: vec![self.subject(&position_key(&base)), self.subject(&format!("{base}.*.p"))],
+            ..Default::default()
+        };
+        each_latest(&stream, &self.bucket, &what, positions, |k, deleted, m| {
+            loader.apply(k, (!deleted).then_some(m.payload.as_ref()), sequence(m)?)
+        })
+        .await?;
+        let own = consumer::pull::Config { filter_subject: format!("{}.>", self.subject(&id)), ..Default::default() };
+        each_latest(&stream, &self.bucket, &what, own, |k, deleted, m| {
+            let order = sequence(m)?;
+            loader.apply(k, (!deleted).then_some(m.payload.as_ref()), order)?;
             if k == position_record {
-                let revision = m.info().map_err(|e| broker(&what, e))?.stream_sequence;
-                last = Some(Last { revision, value: m.payload.clone() });
+                last = Some(Last { revision: order, value: m.payload.clone() });
             }
             Ok(())
         })
         .await?;
+        if let Some(count) = loader.adopting().first().copied() {
+            let objects = if count == 1 { format!("{base}.o.>") } else { format!("{base}.*.o.>") };
+            let foreign = consumer::pull::Config { filter_subject: self.subject(&objects), ..Default::default() };
+            each_latest(&stream, &self.bucket, &what, foreign, |k, deleted, m| {
+                loader.apply(k, (!deleted).then_some(m.payload.as_ref()), sequence(m)?)
+            })
+            .await?;
+        }
         let position = loader.finish()?.remove(0);
         Ok((position, last))
     }

@@ -18,6 +18,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::adopt::Foreign;
 use super::error::CheckpointError;
 use super::stream::{Owner, SHARD_INFIX, StreamKey};
 use crate::model::{EntryRef, ObjectIndex, Position, Rv, Shard};
@@ -95,6 +96,11 @@ pub struct Loader<'a> {
     bases: HashMap<String, Option<Shard>>,
     positions: Vec<Option<PositionRecord>>,
     indexes: Vec<ObjectIndex>,
+    /// Per slot: the order of its own position record, and its state under other layouts.
+    own_order: Vec<Option<u64>>,
+    foreign: Vec<Foreign>,
+    /// stream id without its shard -> its slot.
+    base_slots: HashMap<String, usize>,
 }
 
 impl<'a> Loader<'a> {
@@ -107,6 +113,9 @@ impl<'a> Loader<'a> {
             keys,
             positions: vec![None; keys.len()],
             indexes: vec![ObjectIndex::default(); keys.len()],
+            own_order: vec![None; keys.len()],
+            foreign: keys.iter().map(|_| Foreign::default()).collect(),
+            base_slots: keys.iter().enumerate().map(|(i, k)| (k.base_id(), i)).collect(),
         }
     }
 
@@ -114,10 +123,15 @@ impl<'a> Loader<'a> {
         CheckpointError::Corrupt { path: format!("{} record {key:?}", self.place).into(), cause: cause.to_string() }
     }
 
-    /// One record; `value` `None` for a deletion. Keys of other streams are skipped.
-    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), CheckpointError> {
-        if check_layout(&self.place, key, &self.bases)? == Layout::OtherShard {
-            return Ok(());
+    /// One record, read at `order` in the store (Kafka offset, NATS stream sequence: later
+    /// records have a higher one); `value` `None` for a deletion. Keys of other streams, and of
+    /// the other shards of this process's count, are skipped; those of another count are kept
+    /// aside (see [`Foreign`]).
+    pub fn apply(&mut self, key: &str, value: Option<&[u8]>, order: u64) -> Result<(), CheckpointError> {
+        match check_layout(key, &self.bases) {
+            Layout::OtherShard => return Ok(()),
+            Layout::Other { base, count, rest } => return self.foreign_record(key, base, count, rest, value, order),
+            Layout::Ours => {}
         }
         let Some((slot, rest)) = split_key(key, &self.ids) else { return Ok(()) };
         match (rest, value) {
@@ -147,16 +161,13 @@ impl<'a> Loader<'a> {
                 check_cluster(&self.place, key, p.cluster_uid.as_deref(), self.owner)?;
                 check_epoch(&self.place, key, &p, self.owner)?;
                 self.positions[slot] = Some(p);
+                self.own_order[slot] = Some(order);
             }
             (Rest::Object(uid), None) => {
                 self.indexes[slot].remove(uid);
             }
             (Rest::Object(uid), Some(bytes)) => {
-                let (ns, name, rv): (String, String, String) =
-                    serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
-                if name.is_empty() || rv.is_empty() {
-                    return Err(self.corrupt(key, "empty name or resourceVersion"));
-                }
+                let (ns, name, rv) = self.object_value(key, bytes)?;
                 let entry = EntryRef {
                     namespace: (!ns.is_empty()).then_some(ns.as_str()),
                     name: &name,
@@ -169,25 +180,99 @@ impl<'a> Loader<'a> {
         Ok(())
     }
 
+    fn object_value(&self, key: &str, bytes: &[u8]) -> Result<(String, String, String), CheckpointError> {
+        let (ns, name, rv): (String, String, String) =
+            serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
+        if name.is_empty() || rv.is_empty() {
+            return Err(self.corrupt(key, "empty name or resourceVersion"));
+        }
+        Ok((ns, name, rv))
+    }
+
+    /// A record of a loaded stream under another layout (`count`; `rest`: `p` or `o.<uid>`).
+    fn foreign_record(
+        &mut self,
+        key: &str,
+        base: &str,
+        count: u32,
+        rest: &str,
+        value: Option<&[u8]>,
+        order: u64,
+    ) -> Result<(), CheckpointError> {
+        let Some(&slot) = self.base_slots.get(base) else { return Ok(()) };
+        let ours = self.keys[slot].shard;
+        match (rest, value) {
+            ("p", Some(bytes)) => {
+                let p: PositionRecord = serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
+                check_cluster(&self.place, key, p.cluster_uid.as_deref(), self.owner)?;
+                self.foreign[slot].position(count, order, &p);
+            }
+            ("p", None) => {}
+            (rest, value) => {
+                let Some(uid) = rest.strip_prefix("o.").filter(|u| !u.is_empty() && !u.contains('.')) else {
+                    return Err(self.corrupt(key, "not a kubecast state key"));
+                };
+                match value {
+                    None => self.foreign[slot].object(count, ours, uid, None),
+                    Some(bytes) => {
+                        let (ns, name, rv) = self.object_value(key, bytes)?;
+                        let entry = EntryRef {
+                            namespace: (!ns.is_empty()).then_some(ns.as_str()),
+                            name: &name,
+                            resource_version: Rv::Text(&rv),
+                        };
+                        self.foreign[slot].object(count, ours, uid, Some(entry));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The other layouts (shard counts) whose state each stream adopts as read so far: their
+    /// index records are needed too (a store that reads by key, NATS, reads them then).
+    pub fn adopting(&self) -> Vec<u32> {
+        self.foreign.iter().zip(&self.own_order).filter_map(|(f, own)| f.newer_than(*own)).collect()
+    }
+
     /// The positions, in the order of `keys` (`None`: no state yet). An index without a
     /// position record is an error: kubecast writes the position with every index change.
+    /// Where another layout's state was written after the stream's own (or it has none), that
+    /// state is adopted ([`Foreign::adopt`]).
     pub fn finish(self) -> Result<Vec<Option<Position>>, CheckpointError> {
         let mut out = Vec::new();
-        for ((p, objects), key) in self.positions.into_iter().zip(self.indexes).zip(self.keys) {
-            match p {
-                Some(rec) => out.push(Some(Position {
+        let rows = self.positions.into_iter().zip(self.indexes).zip(self.own_order).zip(self.foreign);
+        for ((((p, objects), own_order), foreign), key) in rows.zip(self.keys) {
+            let own = match p {
+                Some(rec) => Some(Position {
                     resource_version: rec.resource_version,
                     objects,
                     acked_ahead: rec.acked_ahead,
                     snapshot: rec.snapshot,
-                })),
-                None if objects.is_empty() => out.push(None),
+                    adopted_from: None,
+                }),
+                None if objects.is_empty() => None,
                 None => {
                     return Err(CheckpointError::Corrupt {
                         path: format!("{} records of {}", self.place, key.id()).into(),
                         cause: format!("{} index records but no position record", objects.len()),
                     });
                 }
+            };
+            match foreign.newer_than(own_order) {
+                Some(count) => {
+                    let (position, adopted) = foreign.adopt(count, own.as_ref().map(|p| &p.objects));
+                    tracing::info!(
+                        stream = %key.id(),
+                        from_shards = count,
+                        shards_read = adopted.shards,
+                        objects = position.objects.len(),
+                        own_state = own.is_some(),
+                        "the stream's state was written last with another shard count: resuming from its index (a relist-diff: the objects that changed or went since are sent, nothing else)"
+                    );
+                    out.push(Some(position));
+                }
+                None => out.push(own),
             }
         }
         Ok(out)
@@ -248,7 +333,7 @@ pub fn fold_all(place: &str, records: &Latest) -> Result<Vec<ScannedStream>, Che
         if value.is_none() && key.ends_with(".p") {
             continue; // a deleted position record (not kubecast's doing): no stream
         }
-        loader.apply(key, value.as_deref())?;
+        loader.apply(key, value.as_deref(), 0)?;
     }
     let records_of: Vec<Option<PositionRecord>> = loader.positions.clone();
     let positions = loader.finish()?;
@@ -300,42 +385,40 @@ pub fn layout_of(keys: &[StreamKey]) -> HashMap<String, Option<Shard>> {
 
 /// What [`check_layout`] found a key to be.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Layout {
+pub enum Layout<'k> {
     /// A record of another shard of the same count (another process's), or of another stream.
     OtherShard,
+    /// A record of a stream loaded, written under another `[coordination] shards` (`count`; 1:
+    /// without shards); `rest`: `p` or `o.<uid>`.
+    Other { base: &'k str, count: u32, rest: &'k str },
     /// Possibly one of the streams loaded: read on.
     Ours,
 }
 
-/// Refuses state that a different `[coordination] shards` wrote for a stream loaded
-/// (`bases`: see [`layout_of`]): the position record of the whole stream while shards are
-/// loaded, or of a shard of another count. Records of the other shards of the same count are
-/// [`Layout::OtherShard`].
-pub fn check_layout(place: &str, key: &str, bases: &HashMap<String, Option<Shard>>) -> Result<Layout, CheckpointError> {
-    let stored = |shard: Option<Shard>| shard.map_or(1, |s| s.count());
+/// Where `key` belongs for the streams loaded (`bases`: see [`layout_of`]): this process's
+/// shard, another shard of its count, or another layout of the same stream (the whole stream
+/// while shards are loaded, or a shard of another count).
+pub fn check_layout<'k>(key: &'k str, bases: &HashMap<String, Option<Shard>>) -> Layout<'k> {
     if let Some(at) = key.find(SHARD_INFIX) {
         let (base, rest) = (&key[..at], &key[at + SHARD_INFIX.len()..]);
-        let label = rest.split('.').next().unwrap_or_default();
+        let (label, after) = rest.split_once('.').unwrap_or((rest, ""));
         if let (Some(ours), Some(theirs)) = (bases.get(base), Shard::parse_label(label)) {
             if ours.is_none_or(|o| o.count() != theirs.count()) {
-                return Err(layout_error(place, key, theirs.count(), stored(*ours)));
+                return Layout::Other { base, count: theirs.count(), rest: after };
             }
             if *ours != Some(theirs) {
-                return Ok(Layout::OtherShard);
+                return Layout::OtherShard;
             }
         }
-        return Ok(Layout::Ours);
+        return Layout::Ours;
     }
-    if let Some(base) = key.strip_suffix(".p")
-        && let Some(Some(ours)) = bases.get(base)
-    {
-        return Err(layout_error(place, key, 1, ours.count()));
+    // The whole stream's records (`<base>.p`, `<base>.o.<uid>`) while a shard is loaded.
+    for (at, _) in key.match_indices('.') {
+        if let Some(Some(_)) = bases.get(&key[..at]) {
+            return Layout::Other { base: &key[..at], count: 1, rest: &key[at + 1..] };
+        }
     }
-    Ok(Layout::Ours)
-}
-
-fn layout_error(place: &str, key: &str, stored: u32, ours: u32) -> CheckpointError {
-    CheckpointError::ShardLayout { what: format!("{place} record {key:?}"), stored, ours }
+    Layout::Ours
 }
 
 enum Rest<'k> {
@@ -366,6 +449,8 @@ fn split_key<'k>(key: &'k str, ids: &HashMap<String, usize>) -> Option<(usize, R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
     use crate::model::{Index, IndexEntry};
     use proptest::prelude::*;
 
@@ -401,33 +486,83 @@ mod tests {
         assert!(split_key(&object_key(&key("StatefulSet").id(), uid), &ids).is_none(), "not ours");
     }
 
+    /// The index records of `objects` (uid, rv) for stream `k`, and its position record.
+    fn records(k: &StreamKey, objects: &[(&str, &str)], owner: &Owner) -> Vec<(String, Vec<u8>)> {
+        let mut out: Vec<(String, Vec<u8>)> = objects
+            .iter()
+            .map(|(uid, rv)| (object_key(&k.id(), uid), format!(r#"["shop","{uid}","{rv}"]"#).into_bytes()))
+            .collect();
+        out.push((position_key(&k.id()), PositionRecord::new(k, owner, Some("10"), &[]).encode()));
+        out
+    }
+
+    /// Uids whose shard of `count` is `index`.
+    fn uids_of(index: u32, count: u32, n: usize) -> Vec<String> {
+        let s = Shard::new(index, count).unwrap();
+        (0..).map(|i| format!("uid-{i}")).filter(|u| s.owns(u)).take(n).collect()
+    }
+
     #[test]
-    fn state_of_another_shard_count_is_refused_and_other_shards_are_skipped() {
+    fn other_shards_of_the_count_are_skipped_and_another_count_s_state_is_adopted() {
         let whole = key("Deployment");
         let shard = |i, n| whole.with_shard(Shard::new(i, n));
         assert_eq!(shard(1, 4).id(), format!("{}.shard-1-of-4", whole.id()));
         assert_eq!(shard(1, 4).base_id(), whole.id(), "the stream's id does not change without shards");
         let mine = owner(1, None);
-        let ours = [shard(1, 4)];
-        let record = |k: &StreamKey| PositionRecord::new(k, &mine, Some("10"), &[]).encode();
-        let mut l = Loader::new("test", &ours, &mine);
-        // The other shards of the same count: another process's, skipped unread.
-        l.apply(&position_key(&shard(0, 4).id()), Some(b"not read")).unwrap();
-        l.apply(&object_key(&shard(3, 4).id(), "u"), Some(b"not read")).unwrap();
-        l.apply(&position_key(&shard(1, 4).id()), Some(&record(&shard(1, 4)))).unwrap();
-        // Another count, or the whole stream's state: refused, naming both counts.
-        for (other, stored) in [(shard(0, 2), 2), (whole.clone(), 1)] {
-            let e = l.apply(&position_key(&other.id()), Some(&record(&other))).unwrap_err();
-            assert!(matches!(e, CheckpointError::ShardLayout { stored: s, ours: 4, .. } if s == stored), "{e}");
+        // Written by 2 shards: each its own objects.
+        let (a, b) = (uids_of(0, 2, 6), uids_of(1, 2, 6));
+        let mut written = Vec::new();
+        for (i, uids) in [(0, &a), (1, &b)] {
+            let objects: Vec<(&str, &str)> = uids.iter().map(|u| (u.as_str(), "7")).collect();
+            written.extend(records(&shard(i, 2), &objects, &mine));
         }
-        assert!(l.finish().unwrap()[0].is_some());
-        // Without shards, a shard's state is refused too; another stream's shards are not ours.
+        // Shard 1-of-4 of a new count resumes from them: the objects it owns, no resume point.
+        let ours = [shard(1, 4)];
+        let mut l = Loader::new("test", &ours, &mine);
+        for (order, (k, v)) in written.iter().enumerate() {
+            l.apply(k, Some(v), order as u64).unwrap();
+        }
+        assert_eq!(l.adopting(), [2]);
+        let p = l.finish().unwrap().remove(0).expect("adopted");
+        assert_eq!((p.resource_version.as_deref(), p.adopted_from), (None, Some(2)), "a relist-diff, from 2 shards");
+        let four = Shard::new(1, 4).unwrap();
+        let want: BTreeSet<String> = a.iter().chain(&b).filter(|u| four.owns(u)).cloned().collect();
+        let got: BTreeSet<String> = p.objects.iter().map(|(u, _)| u.to_string()).collect();
+        assert_eq!(got, want, "exactly the objects shard 1-of-4 owns, from both old shards");
+        assert!(!want.is_empty());
+        // Its own state written after theirs: its own, as it is; the other shards of its count
+        // are another process's, skipped unread.
+        let mut l = Loader::new("test", &ours, &mine);
+        for (order, (k, v)) in written.iter().enumerate() {
+            l.apply(k, Some(v), order as u64).unwrap();
+        }
+        l.apply(&position_key(&shard(0, 4).id()), Some(b"not read"), 98).unwrap();
+        l.apply(
+            &position_key(&shard(1, 4).id()),
+            Some(&PositionRecord::new(&shard(1, 4), &mine, Some("99"), &[]).encode()),
+            99,
+        )
+        .unwrap();
+        assert!(l.adopting().is_empty());
+        let p = l.finish().unwrap().remove(0).unwrap();
+        assert_eq!((p.resource_version.as_deref(), p.adopted_from), (Some("99"), None));
+        // Back to no shards, after the 2 shards wrote last: adopted, the whole stream's own
+        // older objects kept for the diff.
         let plain = [whole.clone()];
         let mut l = Loader::new("test", &plain, &mine);
-        l.apply(&position_key(&key("StatefulSet").with_shard(Shard::new(0, 2)).id()), Some(b"x")).unwrap();
-        let e = l.apply(&object_key(&shard(0, 2).id(), "u"), Some(b"[]")).unwrap_err();
-        assert!(matches!(e, CheckpointError::ShardLayout { stored: 2, ours: 1, .. }), "{e}");
-        assert!(e.to_string().contains("shards = 2") && e.to_string().contains("shards = 1"), "{e}");
+        for (k, v) in records(&whole, &[("gone-since", "3")], &mine) {
+            l.apply(&k, Some(&v), 0).unwrap();
+        }
+        for (order, (k, v)) in written.iter().enumerate() {
+            l.apply(k, Some(v), 1 + order as u64).unwrap();
+        }
+        let p = l.finish().unwrap().remove(0).unwrap();
+        assert_eq!(p.adopted_from, Some(2));
+        assert_eq!(p.objects.len(), a.len() + b.len() + 1, "both shards' objects and the older one");
+        // Another stream's shards are not this stream's.
+        let mut l = Loader::new("test", &plain, &mine);
+        l.apply(&position_key(&key("StatefulSet").with_shard(Shard::new(0, 2)).id()), Some(b"x"), 0).unwrap();
+        assert!(l.finish().unwrap()[0].is_none());
     }
 
     #[test]
@@ -437,17 +572,17 @@ mod tests {
         let mine = owner(3, Some("uid-a"));
         let p = |o: &Owner| PositionRecord::new(k, o, Some("10"), &[]).encode();
         let mut l = Loader::new("test", &keys, &mine);
-        let e = l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-b"))))).unwrap_err().to_string();
+        let e = l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-b")))), 0).unwrap_err().to_string();
         assert!(e.contains("uid-b") && e.contains("uid-a"), "{e}");
-        l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-a"))))).unwrap();
-        let e = l.apply(&object_key(&k.id(), "u"), Some(b"{")).unwrap_err().to_string();
+        l.apply(&position_key(&k.id()), Some(&p(&owner(3, Some("uid-a")))), 0).unwrap();
+        let e = l.apply(&object_key(&k.id(), "u"), Some(b"{"), 0).unwrap_err().to_string();
         assert!(e.contains(".o.u"), "names the record: {e}");
-        let e = l.apply(&position_key(&k.id()), Some(b"{\"format\":9}")).unwrap_err().to_string();
+        let e = l.apply(&position_key(&k.id()), Some(b"{\"format\":9}"), 0).unwrap_err().to_string();
         assert!(e.contains("format 9"), "{e}");
         // Another stream's records are not ours.
-        l.apply(&object_key(&key("StatefulSet").id(), "u"), Some(b"{")).unwrap();
+        l.apply(&object_key(&key("StatefulSet").id(), "u"), Some(b"{"), 0).unwrap();
         let mut l = Loader::new("test", &keys, &mine);
-        l.apply(&object_key(&k.id(), "u"), Some(&encode_object((&entry("1")).into()))).unwrap();
+        l.apply(&object_key(&k.id(), "u"), Some(&encode_object((&entry("1")).into())), 0).unwrap();
         assert!(l.finish().unwrap_err().to_string().contains("no position record"));
     }
 
@@ -464,7 +599,7 @@ mod tests {
         };
         let mine = owner(3, None);
         let mut l = Loader::new("NATS bucket s", &keys, &mine);
-        let e = l.apply(&position_key(&k.id()), Some(&record(4))).unwrap_err();
+        let e = l.apply(&position_key(&k.id()), Some(&record(4)), 0).unwrap_err();
         assert!(e.is_fatal(), "{e}");
         let text = e.to_string();
         for part in [
@@ -479,12 +614,12 @@ mod tests {
         }
         for epoch in [3, 2, 0] {
             let mut l = Loader::new("test", &keys, &mine);
-            l.apply(&position_key(&k.id()), Some(&record(epoch))).unwrap();
+            l.apply(&position_key(&k.id()), Some(&record(epoch)), 0).unwrap();
             assert_eq!(l.finish().unwrap()[0].as_ref().unwrap().resource_version.as_deref(), Some("10"));
         }
         let no_lease = Owner { epoch: None, ..mine };
         let mut l = Loader::new("test", &keys, &no_lease);
-        l.apply(&position_key(&k.id()), Some(&record(7))).unwrap();
+        l.apply(&position_key(&k.id()), Some(&record(7)), 0).unwrap();
         // What a process without a Lease writes is stored as epoch 0.
         assert_eq!(PositionRecord::new(k, &no_lease, None, &[]).epoch, 0);
     }
@@ -565,16 +700,16 @@ mod tests {
                 match rv {
                     Some(rv) => {
                         let e = entry(&rv.to_string());
-                        l.apply(&object_key(&k.id(), &uid), Some(&encode_object((&e).into()))).unwrap();
+                        l.apply(&object_key(&k.id(), &uid), Some(&encode_object((&e).into())), 0).unwrap();
                         model.insert(uid, e);
                     }
                     None => {
-                        l.apply(&object_key(&k.id(), &uid), None).unwrap();
+                        l.apply(&object_key(&k.id(), &uid), None, 0).unwrap();
                         model.remove(&uid);
                     }
                 }
             }
-            l.apply(&position_key(&k.id()), Some(&PositionRecord::new(k, &me, Some("7"), &[("a".into(), "8".into())]).encode())).unwrap();
+            l.apply(&position_key(&k.id()), Some(&PositionRecord::new(k, &me, Some("7"), &[("a".into(), "8".into())]).encode()), 0).unwrap();
             let pos = l.finish().unwrap().remove(0).unwrap();
             prop_assert_eq!(pos.objects.to_index(), model);
             prop_assert_eq!(pos.resource_version.as_deref(), Some("7"));
