@@ -349,10 +349,38 @@ async fn wait_change(kc: &mut Kubecast, ns: &str, name: &str, verb: &str, v: Opt
 /// objects that did not change are not sent again (no snapshot).
 #[tokio::test(flavor = "multi_thread")]
 async fn changing_the_shard_count_resumes_from_the_old_positions_without_a_snapshot() {
+    change_the_count(Store::Kafka).await;
+}
+
+/// The same with the positions in a NATS key-value bucket (read by key, not in one pass).
+#[tokio::test(flavor = "multi_thread")]
+async fn changing_the_shard_count_resumes_from_the_nats_bucket() {
+    change_the_count(Store::Nats).await;
+}
+
+#[derive(Clone, Copy)]
+enum Store {
+    Kafka,
+    Nats,
+}
+
+async fn change_the_count(store: Store) {
     let client = client().await;
     let ns = TestNamespace::new(&client, "shards-count").await;
     let state = common::unique("shards-state");
     let lease = common::unique("lease");
+    // The positions in Kafka (as `sharded` says) or NATS.
+    let sharded = |ns: &str, lease: &str, n: u32, state: &str| {
+        let (config, kafka) = sharded(ns, lease, n, state);
+        let checkpoint = match store {
+            Store::Kafka => kafka,
+            Store::Nats => format!(
+                "store = \"nats\"\nflush_interval_ms = 200\n[checkpoint.nats]\nurl = \"{}\"\nbucket = \"{state}\"\n",
+                common::env_var("NATS_URL")
+            ),
+        };
+        (config, checkpoint)
+    };
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
     for i in 0..6 {
         create_cm(&client, &ns.name, &format!("static-{i}"), json!({}), json!({"v": "1"})).await;
@@ -363,7 +391,7 @@ async fn changing_the_shard_count_resumes_from_the_old_positions_without_a_snaps
     create_cm(&client, &ns.name, "x", json!({}), json!({"v": "1"})).await;
     wait_change(&mut a, &ns.name, "x", "added", None).await;
     let deadline = Instant::now() + WAIT;
-    while positions(&state).iter().map(|(k, _, _)| k).collect::<BTreeSet<_>>().len() < 2 {
+    while a.state_list().as_array().map_or(0, Vec::len) < 2 {
         assert!(Instant::now() < deadline, "both shards' positions written:\n{}", a.log());
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
