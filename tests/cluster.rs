@@ -414,6 +414,65 @@ async fn http_install_and_a_deleted_pod_lose_nothing() {
     no_second_snapshot(&verdict.events);
 }
 
+/// Waits until the release's pods hold every one of `count` shards between them
+/// (`kubecast_shard_held` of `<i>-of-<count>`), each once.
+async fn all_shards_held(r: &Release, count: u32) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let mut held = Vec::new();
+        for p in r.pods() {
+            if let Some(m) = node::metrics(&p.ip) {
+                held.extend(
+                    m.iter()
+                        .filter(|(k, v)| k.starts_with("kubecast_shard_held{") && **v == 1.0)
+                        .filter(|(k, _)| k.contains(&format!("-of-{count}\"")))
+                        .map(|(k, _)| k.clone()),
+                );
+            }
+        }
+        let distinct: std::collections::BTreeSet<_> = held.iter().collect();
+        if held.len() == count as usize && distinct.len() == count as usize {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the {count} shards never all held once: {held:?}\n{}", r.logs());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The largest gap between two events read, in the order read.
+fn largest_gap(events: &[common::traffic::Seen]) -> Duration {
+    let mut at: Vec<std::time::Instant> = events.iter().map(|e| e.at).collect();
+    at.sort();
+    at.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
+}
+
+/// `helm upgrade` of `coordination.shards` from 2 to 4 and then to 3, 2 replicas, exactly-once,
+/// under load: every change once for a read_committed consumer, no second snapshot (each count
+/// resumes from the last one's positions), and the largest gap between events printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_through_helm_upgrades_of_the_shard_count() {
+    let _node = NODE.lock().await;
+    let r = Release::new(Sink::Kafka { exactly_once: true }).await;
+    let client = client().await;
+    let values = |shards: u32| r.values(json!({"replicas": 2, "coordination": {"enabled": true, "shards": shards}}));
+    r.helm("install", &values(2)).await;
+    all_shards_held(&r, 2).await;
+    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
+    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
+    let mut gaps = Vec::new();
+    for shards in [4, 3] {
+        let before = traffic.events().len();
+        r.helm("upgrade", &values(shards)).await;
+        all_shards_held(&r, shards).await;
+        assert!(traffic.flowing(50, WAIT).await, "events flow with {shards} shards: {}", r.logs());
+        gaps.push((shards, largest_gap(&traffic.events()[before.saturating_sub(1)..])));
+    }
+    let verdict = traffic.finish(Delivery::ExactlyOnce, WAIT).await;
+    report("shards 2 -> 4 -> 3, exactly once", &verdict);
+    figure(format!("shards 2 -> 4 -> 3: largest gap between events after each upgrade: {gaps:?}"));
+    no_second_snapshot(&verdict.events);
+}
+
 /// The way managed Kafka services run: the sink and the state store over SASL_SSL
 /// (SCRAM-SHA-512) from a pod, the password from a Secret (`secretEnv`), the broker's CA from
 /// a ConfigMap mounted over the image's system CA bundle (`extraVolumes`), with no CA in the
