@@ -399,3 +399,31 @@ async fn http_dead_letter_file_replays_to_the_receiver() {
     common::dead_letter_ok(&config_path, &["replay"]);
     assert_eq!(receiver.accepted().iter().filter(|e| e["attributes"]["id"] == id.as_str()).count(), 1);
 }
+
+/// HTTP/2 against the Go SDK's receiver: over TLS, offered in the handshake (`http_version =
+/// "auto"`), and over cleartext with prior knowledge (`"2"`); HTTP/1.1 when asked (`"1.1"`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_over_tls_and_cleartext_to_the_go_sdk_receiver() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "http-h2").await;
+    create_cm(&client, &ns.name, "a", json!({}), json!({})).await;
+    let pki = PathBuf::from(common::env_var("KAFKA_CA_FILE")).parent().unwrap().to_path_buf();
+    let (cert, key) = (pki.join("broker.crt"), pki.join("broker.key"));
+    let tls = Receiver::start_go(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    let h2c = Receiver::start_go(&["--h2c"]);
+    let ca = format!("[sink.http.tls]\nca_file = \"{}\"", common::env_var("KAFKA_CA_FILE"));
+    for (receiver, extra, proto) in [
+        (&tls, format!("http_version = \"auto\"\n{ca}"), "HTTP/2.0"),
+        (&h2c, "http_version = \"2\"".to_string(), "HTTP/2.0"),
+        (&h2c, "http_version = \"1.1\"".to_string(), "HTTP/1.1"),
+    ] {
+        let before = receiver.accepted().len();
+        let mut kc = Kubecast::start_with_sink(&config(&ns.name), &http_sink(&receiver.url(), &extra), "", &[]);
+        let got = receiver.wait_accepted(before + 1, &mut kc).await;
+        let e = &got[before];
+        assert_eq!(e["proto"], proto, "{extra}: {e}");
+        assert_eq!(name_of(e), "a");
+        assert_eq!(e["attributes"]["type"], "io.kubecast.core.ConfigMap.added");
+        kc.kill9();
+    }
+}

@@ -17,6 +17,8 @@ const WAIT: Duration = Duration::from_secs(120);
 /// The receiver example, run as a process of its own.
 pub struct Receiver {
     child: Option<Child>,
+    /// The env file's key of its command: `RECEIVER_HTTP` (Python) or `RECEIVER_HTTP2` (Go).
+    command: &'static str,
     host: String,
     port: u16,
     pub args: Vec<String>,
@@ -30,13 +32,24 @@ impl Receiver {
         Self::start_on("127.0.0.1", args)
     }
 
+    /// The Go receiver of `examples/receivers/go` (the CloudEvents Go SDK): HTTP/2 over TLS
+    /// (ALPN) or, with `--h2c`, over cleartext with prior knowledge; its log also says each
+    /// request's protocol (`proto`).
+    pub fn start_go(args: &[&str]) -> Self {
+        Self::launch("RECEIVER_HTTP2", "127.0.0.1", args)
+    }
+
     /// Listening on `host` (e.g. the node's host address, for pods).
     pub fn start_on(host: &str, args: &[&str]) -> Self {
+        Self::launch("RECEIVER_HTTP", host, args)
+    }
+
+    fn launch(command: &'static str, host: &str, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("received.jsonl");
         let tls = args.contains(&"--tls-cert");
         let mut r =
-            Self { child: None, host: host.to_string(), port: 0, args: args.iter().map(|a| a.to_string()).collect(), tls, log, _dir: dir };
+            Self { child: None, command, host: host.to_string(), port: 0, args: args.iter().map(|a| a.to_string()).collect(), tls, log, _dir: dir };
         r.restart();
         r
     }
@@ -44,8 +57,8 @@ impl Receiver {
     /// Starts it (again, on the same port and log, after `stop`).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop it first");
-        let cmd = crate::env().get("RECEIVER_HTTP").cloned().unwrap_or_else(|| {
-            panic!("RECEIVER_HTTP is not in the test environment file: build it with tests/env/tools consumers")
+        let cmd = crate::env().get(self.command).cloned().unwrap_or_else(|| {
+            panic!("{} is not in the test environment file: build it with tests/env/tools consumers", self.command)
         });
         let mut child = Command::new(cmd)
             .args(["--host", &self.host, "--port", &self.port.to_string(), "--log"])
