@@ -33,8 +33,8 @@ fn ci_values(name: &str) -> String {
     repo().join(format!("charts/kubecast/ci/{name}-values.yaml")).display().to_string()
 }
 
-const CI_VALUES: [&str; 8] =
-    ["minimal", "kafka-sasl", "nats-creds", "sidecar", "pvc", "servicemonitor", "ha", "monitoring"];
+const CI_VALUES: [&str; 9] =
+    ["minimal", "kafka-sasl", "nats-creds", "sidecar", "pvc", "servicemonitor", "ha", "monitoring", "http"];
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
