@@ -80,11 +80,8 @@ impl Release {
         let topic = common::unique("cluster");
         let logs = node::LogKeeper::start(&ns.name, Self::selector());
         eprintln!("[cluster] {topic}: the pods' logs are kept in {}", logs.dir.display());
-        let receiver = (sink == Sink::Http).then(|| {
-            let host =
-                common::env_var("NATS_NODE_URL").trim_start_matches("nats://").split(':').next().unwrap().to_string();
-            common::receiver::Receiver::start_on(&host, &[])
-        });
+        // On 127.0.0.1: what the node's pods send to the host address reaches it (a DNAT rule).
+        let receiver = (sink == Sink::Http).then(|| common::receiver::Receiver::start(&[]));
         Self { ns, load, topic, sink, receiver, _logs: logs }
     }
 
@@ -108,7 +105,7 @@ impl Release {
             }),
             Sink::Http => json!({
                 "type": "http",
-                "http": {"url": self.receiver.as_ref().expect("the receiver").url(), "mode": "structured"}
+                "http": {"url": self.receiver.as_ref().expect("the receiver").url().replace("127.0.0.1", &common::env_var("KUBECAST_NODE_HOST_IP")), "mode": "structured"}
             }),
         };
         let checkpoint = match self.sink {
