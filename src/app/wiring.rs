@@ -248,9 +248,10 @@ pub struct Downstream {
 fn start(key: StreamKey, loaded: Option<Position>) -> (Arc<StreamCheckpoint>, Option<Start>) {
     let (resume, acked_ahead, snapshot) =
         loaded.as_ref().map(|p| (p.resource_version.clone(), p.acked_ahead.clone(), p.snapshot)).unwrap_or_default();
-    let relist = loaded.as_ref().is_some_and(|p| p.adopted_from.is_some());
+    let relist = loaded.as_ref().is_some_and(|p| p.adopted_from.is_some() && p.resource_version.is_none());
+    let floors = loaded.as_ref().map(|p| p.floors.clone()).unwrap_or_default();
     let checkpoint = Arc::new(StreamCheckpoint::new(key, loaded));
-    let start = Start { resume, acked_ahead, index: checkpoint.index(), snapshot, relist };
+    let start = Start { resume, acked_ahead, index: checkpoint.index(), snapshot, relist, floors };
     (checkpoint, Some(start))
 }
 

@@ -23,6 +23,11 @@ pub struct Position {
     /// shards): no `resource_version`, so the stream relists and diffs against `objects`; the
     /// whole index is written at the first write (none of it is stored under this shard yet).
     pub adopted_from: Option<u32>,
+    /// Adopted and resumed by watch from the oldest of the old count's positions: per old
+    /// shard, the resourceVersion up to which it had delivered its objects' changes. A watch
+    /// event of an object at or below its old shard's floor was delivered already (not sent
+    /// again). Kept in memory until the watch passes them all.
+    pub floors: Vec<(super::Shard, u64)>,
 }
 
 /// An index change carried by an item.

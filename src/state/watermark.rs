@@ -107,6 +107,7 @@ impl Watermark {
             acked_ahead: Vec::new(),
             snapshot: self.snapshot,
             adopted_from: None,
+            floors: Vec::new(),
         }
     }
 
@@ -237,6 +238,7 @@ mod tests {
             acked_ahead: Vec::new(),
             snapshot: false,
             adopted_from: None,
+            floors: Vec::new(),
         };
         let mut wm = Watermark::new(start);
         let shared = wm.index();

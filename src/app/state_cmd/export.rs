@@ -107,6 +107,7 @@ impl ExportedStream {
             acked_ahead: self.acked_ahead.clone(),
             snapshot: self.snapshot,
             adopted_from: None,
+            floors: Vec::new(),
         }
     }
 }

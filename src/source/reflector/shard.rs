@@ -50,4 +50,16 @@ impl Reflector {
         let m = crate::observe::metrics::get();
         m.shard_server_side.get_or_create(&w.label).set(i64::from(applied));
     }
+
+    /// Whether the change of `uid` at `rv` was delivered by the object's shard of the count
+    /// this stream resumed from (its floor). Floors are dropped once the watch passed them all.
+    pub(super) fn below_floor(&mut self, uid: &str, rv: &str) -> bool {
+        let Ok(at) = rv.parse::<u64>() else { return false };
+        let covered = self.floors.iter().find(|(s, _)| s.owns(uid)).is_some_and(|(_, floor)| at <= *floor);
+        if self.floors.iter().all(|(_, floor)| at > *floor) {
+            info!(stream = %self.spec.name, resource_version = rv, "the watch passed every old shard's position: resumed from the other shard count");
+            self.floors.clear();
+        }
+        covered
+    }
 }

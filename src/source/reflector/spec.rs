@@ -77,6 +77,9 @@ pub struct Start {
     /// `index` was adopted from another shard count's state (no `resume`): the first list is a
     /// relist-diff against it, as after 410 Gone, never a snapshot.
     pub relist: bool,
+    /// Resumed from another shard count's positions: per old shard, the resourceVersion up
+    /// to which its objects' changes were delivered (see `Position::floors`).
+    pub floors: Vec<(crate::model::Shard, u64)>,
 }
 
 /// One unit the reflector hands to the pipeline. `change` is `None` for items that only

@@ -95,6 +95,9 @@ pub struct Reflector {
     /// Changes after the resume point already delivered before a restart (out of order): the
     /// resumed watch acknowledges them without sending them again.
     pub(super) acked_ahead: HashSet<(String, String)>,
+    /// Resumed from another shard count's positions: each old shard's floor (see
+    /// `Position::floors`); emptied once the watch passed them all.
+    pub(super) floors: Vec<(crate::model::Shard, u64)>,
     /// A shard's stream: what the apiserver does with its selector (`shard.rs`).
     pub(super) shard_watch: Option<ShardWatch>,
 }
@@ -154,6 +157,7 @@ impl Reflector {
             backoff: new_backoff(),
             tx,
             acked_ahead,
+            floors: start.floors,
             shard_watch,
             metrics: {
                 let m = crate::observe::metrics::get();

@@ -148,7 +148,10 @@ impl Reflector {
                 rv = entry.resource_version.clone();
                 continue;
             }
-            let watched = diff::watched(&mut self.acked_ahead, verb, uid, entry);
+            // Resumed from another shard count: delivered by the object's old shard already?
+            let below_floor = !self.floors.is_empty() && self.below_floor(&uid, &entry.resource_version);
+            let mut watched = diff::watched(&mut self.acked_ahead, verb, uid, entry);
+            watched.already_sent |= below_floor;
             rv = watched.rv;
             // A change delivered before the restart is not sent again; it still goes to shaping
             // (its per-object state must follow the object).

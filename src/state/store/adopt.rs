@@ -25,8 +25,9 @@ use crate::model::{EntryRef, ObjectIndex, Position, Shard};
 struct Layout {
     /// Order (in the store) of its latest position record.
     newest: u64,
-    /// Its shards that have a position record (for the log).
-    shards: usize,
+    /// Its shards' positions: per shard (`None`: the whole stream), its resourceVersion as a
+    /// number (`None`: none yet, or not a number) and its acknowledgements ahead.
+    shards: BTreeMap<Option<Shard>, (Option<u64>, Vec<(String, String)>)>,
     /// The objects of its index that this process's shard owns.
     objects: ObjectIndex,
 }
@@ -47,11 +48,12 @@ pub struct Adopted {
 }
 
 impl Foreign {
-    /// A position record of the layout of `count`, read at `order`.
-    pub fn position(&mut self, count: u32, order: u64, _record: &PositionRecord) {
+    /// A position record of the layout of `count` (of its shard `shard`), read at `order`.
+    pub fn position(&mut self, count: u32, shard: Option<Shard>, order: u64, record: &PositionRecord) {
         let l = self.layouts.entry(count).or_default();
         l.newest = l.newest.max(order);
-        l.shards += 1;
+        let rv = record.resource_version.as_deref().and_then(|rv| rv.parse().ok());
+        l.shards.insert(shard, (rv, record.acked_ahead.clone()));
     }
 
     /// An index record of the layout of `count` (`entry` `None`: removed), kept when `ours`
@@ -72,14 +74,16 @@ impl Foreign {
     /// The layout to adopt instead of `own` (read at `own_order`), if one was written after
     /// it (or there is no own state).
     pub fn newer_than(&self, own_order: Option<u64>) -> Option<u32> {
-        let (count, l) = self.layouts.iter().filter(|(_, l)| l.shards > 0).max_by_key(|(_, l)| l.newest)?;
+        let (count, l) = self.layouts.iter().filter(|(_, l)| !l.shards.is_empty()).max_by_key(|(_, l)| l.newest)?;
         own_order.is_none_or(|own| l.newest > own).then_some(*count)
     }
 
-    /// The position adopted from the layout of `count`: its index (the objects this shard owns),
-    /// with the objects only `own` (older) still names, and no resourceVersion: the stream
-    /// relists and diffs.
-    pub fn adopt(mut self, count: u32, own: Option<&ObjectIndex>) -> (Position, Adopted) {
+    /// The position adopted from the layout of `count` for shard `ours` (`None`: the whole
+    /// stream): its index (the objects `ours` owns), with the objects only `own` (older) still
+    /// names. Where every shard of the layout has a resourceVersion, the stream resumes by
+    /// watch from the oldest of them, each old shard's own as the floor of its objects (nothing
+    /// is missed, nothing sent twice); else it relists and diffs.
+    pub fn adopt(mut self, count: u32, ours: Option<Shard>, own: Option<&ObjectIndex>) -> (Position, Adopted) {
         let l = self.layouts.remove(&count).unwrap_or_default();
         let mut objects = l.objects;
         if let Some(own) = own {
@@ -90,13 +94,28 @@ impl Foreign {
                 }
             }
         }
-        let position = Position {
-            resource_version: None,
-            objects,
-            acked_ahead: Vec::new(),
-            snapshot: false,
-            adopted_from: Some(count),
+        let complete = l.shards.len() as u32 == count && l.shards.values().all(|(rv, _)| rv.is_some());
+        let (resource_version, floors, acked_ahead) = if complete {
+            let floors: Vec<(Shard, u64)> = l
+                .shards
+                .iter()
+                .map(|(s, (rv, _))| {
+                    (s.unwrap_or_else(|| Shard::new(0, 1).expect("the whole stream")), rv.unwrap_or_default())
+                })
+                .collect();
+            let oldest = floors.iter().map(|(_, rv)| *rv).min().unwrap_or_default();
+            let ahead = l
+                .shards
+                .values()
+                .flat_map(|(_, a)| a.iter().cloned())
+                .filter(|(uid, _)| ours.is_none_or(|s| s.owns(uid)))
+                .collect();
+            (Some(oldest.to_string()), floors, ahead)
+        } else {
+            (None, Vec::new(), Vec::new())
         };
-        (position, Adopted { count, shards: l.shards })
+        let position =
+            Position { resource_version, objects, acked_ahead, snapshot: false, adopted_from: Some(count), floors };
+        (position, Adopted { count, shards: l.shards.len() })
     }
 }

@@ -307,6 +307,7 @@ impl FileStore {
             acked_ahead: snap.acked_ahead,
             snapshot: snap.snapshot,
             adopted_from: None,
+            floors: Vec::new(),
         };
         let (journal, last) = self.replay(key, snap.seq, &mut position)?;
         self.set_files(key, Files { snapshot: Some(bytes.len() as u64), journal, next_seq: last.max(snap.seq) + 1 });

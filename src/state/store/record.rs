@@ -205,7 +205,7 @@ impl<'a> Loader<'a> {
             ("p", Some(bytes)) => {
                 let p: PositionRecord = serde_json::from_slice(bytes).map_err(|e| self.corrupt(key, e))?;
                 check_cluster(&self.place, key, p.cluster_uid.as_deref(), self.owner)?;
-                self.foreign[slot].position(count, order, &p);
+                self.foreign[slot].position(count, p.stream.shard, order, &p);
             }
             ("p", None) => {}
             (rest, value) => {
@@ -250,6 +250,7 @@ impl<'a> Loader<'a> {
                     acked_ahead: rec.acked_ahead,
                     snapshot: rec.snapshot,
                     adopted_from: None,
+                    floors: Vec::new(),
                 }),
                 None if objects.is_empty() => None,
                 None => {
@@ -261,14 +262,15 @@ impl<'a> Loader<'a> {
             };
             match foreign.newer_than(own_order) {
                 Some(count) => {
-                    let (position, adopted) = foreign.adopt(count, own.as_ref().map(|p| &p.objects));
+                    let (position, adopted) = foreign.adopt(count, key.shard, own.as_ref().map(|p| &p.objects));
                     tracing::info!(
                         stream = %key.id(),
                         from_shards = count,
                         shards_read = adopted.shards,
                         objects = position.objects.len(),
                         own_state = own.is_some(),
-                        "the stream's state was written last with another shard count: resuming from its index (a relist-diff: the objects that changed or went since are sent, nothing else)"
+                        resume_at = position.resource_version.as_deref().unwrap_or("(a relist-diff)"),
+                        "the stream's state was written last with another shard count: resuming from its positions (a watch from the oldest of them, each object's changes sent from where its old shard stopped; a relist-diff where they cannot be resumed)"
                     );
                     out.push(Some(position));
                 }
@@ -524,12 +526,28 @@ mod tests {
         }
         assert_eq!(l.adopting(), [2]);
         let p = l.finish().unwrap().remove(0).expect("adopted");
-        assert_eq!((p.resource_version.as_deref(), p.adopted_from), (None, Some(2)), "a relist-diff, from 2 shards");
+        assert_eq!(
+            (p.resource_version.as_deref(), p.adopted_from),
+            (Some("10"), Some(2)),
+            "a watch from the oldest position"
+        );
+        assert_eq!(
+            p.floors,
+            [(Shard::new(0, 2).unwrap(), 10), (Shard::new(1, 2).unwrap(), 10)],
+            "each old shard's floor"
+        );
         let four = Shard::new(1, 4).unwrap();
         let want: BTreeSet<String> = a.iter().chain(&b).filter(|u| four.owns(u)).cloned().collect();
         let got: BTreeSet<String> = p.objects.iter().map(|(u, _)| u.to_string()).collect();
         assert_eq!(got, want, "exactly the objects shard 1-of-4 owns, from both old shards");
         assert!(!want.is_empty());
+        // One old shard without a position: nothing to resume a watch from, a relist-diff.
+        let mut l = Loader::new("test", &ours, &mine);
+        for (order, (k, v)) in written.iter().enumerate().filter(|(_, (k, _))| !k.starts_with(&shard(1, 2).id())) {
+            l.apply(k, Some(v), order as u64).unwrap();
+        }
+        let p = l.finish().unwrap().remove(0).unwrap();
+        assert_eq!((p.resource_version.as_deref(), p.floors.len()), (None, 0), "{p:?}");
         // Its own state written after theirs: its own, as it is; the other shards of its count
         // are another process's, skipped unread.
         let mut l = Loader::new("test", &ours, &mine);
