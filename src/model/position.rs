@@ -27,7 +27,7 @@ pub struct Position {
     /// shard, the resourceVersion up to which it had delivered its objects' changes. A watch
     /// event of an object at or below its old shard's floor was delivered already (not sent
     /// again). Kept in memory until the watch passes them all.
-    pub floors: Vec<(super::Shard, u64)>,
+    pub floors: Vec<(super::shard::Shard, u64)>,
 }
 
 /// An index change carried by an item.

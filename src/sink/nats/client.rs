@@ -13,6 +13,7 @@ use tracing::{debug, error, info, warn};
 use super::config::{Mode, NatsConfig, Storage, StreamSettings, clean_subject_token, subject_template};
 use super::encode::encode;
 use super::permissions::Refused;
+use super::url_credentials::{UrlCredentials, url_credentials};
 use crate::model::{Fields, Refusal};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
@@ -295,9 +296,9 @@ async fn connect_options(
     }
     // Written in the URL, when no key gives credentials (async-nats would not send them).
     let keyed = cfg.user.is_some() || cfg.token.is_some() || cfg.nkey_seed.is_some() || cfg.credentials_file.is_some();
-    match super::url_credentials(&cfg.url).filter(|_| !keyed) {
-        Some(super::UrlCredentials::UserPassword(user, password)) => opts = opts.user_and_password(user, password),
-        Some(super::UrlCredentials::Token(token)) => opts = opts.token(token),
+    match url_credentials(&cfg.url).filter(|_| !keyed) {
+        Some(UrlCredentials::UserPassword(user, password)) => opts = opts.user_and_password(user, password),
+        Some(UrlCredentials::Token(token)) => opts = opts.token(token),
         None => {}
     }
     if let Some(token) = &cfg.token {

@@ -17,7 +17,6 @@
 
 use std::collections::BTreeMap;
 
-use super::record::PositionRecord;
 use crate::model::{EntryRef, ObjectIndex, Position, Shard};
 
 /// The state of one stream under one other layout (`count`: 1 = without shards).
@@ -49,11 +48,19 @@ pub struct Adopted {
 
 impl Foreign {
     /// A position record of the layout of `count` (of its shard `shard`), read at `order`.
-    pub fn position(&mut self, count: u32, shard: Option<Shard>, order: u64, record: &PositionRecord) {
+    /// (`rv` and `acked_ahead`: the record's.)
+    pub fn position(
+        &mut self,
+        count: u32,
+        shard: Option<Shard>,
+        order: u64,
+        rv: Option<&str>,
+        acked_ahead: &[(String, String)],
+    ) {
         let l = self.layouts.entry(count).or_default();
         l.newest = l.newest.max(order);
-        let rv = record.resource_version.as_deref().and_then(|rv| rv.parse().ok());
-        l.shards.insert(shard, (rv, record.acked_ahead.clone()));
+        let rv = rv.and_then(|rv| rv.parse().ok());
+        l.shards.insert(shard, (rv, acked_ahead.to_vec()));
     }
 
     /// An index record of the layout of `count` (`entry` `None`: removed), kept when `ours`
