@@ -63,7 +63,8 @@ pub struct HttpConfig {
     pub mode: Mode,
     #[serde(default)]
     pub format: Format,
-    /// How long one request may take (connect, send, response headers) before it is retried.
+    /// How long one request may take (connecting, sending, the whole response) before it is
+    /// retried.
     #[serde(default = "d_timeout_ms")]
     pub timeout_ms: u64,
     /// The longest `Retry-After` (429, 503) waited for; 0: `Retry-After` is ignored and the
