@@ -375,40 +375,34 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     no_second_snapshot(&verdict.events);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn nats_install_and_a_deleted_pod_lose_nothing() {
+/// One replica installed with `sink`, its pod deleted under load: the Deployment's
+/// replacement resumes from the stored positions; nothing lost, no second snapshot.
+async fn install_and_delete_the_pod(sink: Sink, what: &str) {
     let _node = NODE.lock().await;
-    let r = Release::new(Sink::Nats).await;
+    let r = Release::new(sink).await;
     let client = client().await;
     r.helm("install", &r.values(json!({}))).await;
     r.one_leader().await;
     let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
-    // One replica: the Deployment's replacement resumes from the NATS key-value state.
     r.replace_the_pod().await;
     assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
     let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
-    report("NATS install and delete pod", &verdict);
+    report(what, &verdict);
     no_second_snapshot(&verdict.events);
 }
 
-/// The HTTP sink from a pod to a CloudEvents receiver, the positions in NATS: the active pod
-/// deleted under load, its replacement resumes; nothing lost, no second snapshot, the events
-/// judged from the receiver's own log.
+/// The NATS sink; the positions in its key-value bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nats_install_and_a_deleted_pod_lose_nothing() {
+    install_and_delete_the_pod(Sink::Nats, "NATS install and delete pod").await;
+}
+
+/// The HTTP sink from a pod to a CloudEvents receiver, the positions in NATS; the events judged
+/// from the receiver's own log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn http_install_and_a_deleted_pod_lose_nothing() {
-    let _node = NODE.lock().await;
-    let r = Release::new(Sink::Http).await;
-    let client = client().await;
-    r.helm("install", &r.values(json!({}))).await;
-    r.one_leader().await;
-    let traffic = Traffic::start_after(&r.api(&client), r.source(), 20, RATE, STATIC, WAIT).await;
-    assert!(traffic.flowing(50, WAIT).await, "events flow after the install: {}", r.logs());
-    r.replace_the_pod().await;
-    assert!(traffic.flowing(50, WAIT).await, "events flow after the pod was replaced: {}", r.logs());
-    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
-    report("HTTP install and delete pod", &verdict);
-    no_second_snapshot(&verdict.events);
+    install_and_delete_the_pod(Sink::Http, "HTTP install and delete pod").await;
 }
 
 /// Waits until the release's pods hold every one of `count` shards between them
