@@ -156,10 +156,8 @@ impl Entry {
             headers.insert("Content-Type", "application/cloudevents+json; charset=UTF-8");
             return (bytes::Bytes::from(self.structured.clone()), headers);
         }
-        const VALUE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b' ').add(b'"').add(b'%');
         for (name, v) in &self.attributes {
-            let v = Self::attribute_text(v);
-            let v = percent_encoding::utf8_percent_encode(&v, VALUE).to_string();
+            let v = crate::sink::header_value(&Self::attribute_text(v));
             headers.insert(format!("ce-{name}").as_str(), v.as_str());
         }
         (bytes::Bytes::from(self.data_text()), headers)
