@@ -170,6 +170,7 @@ pub async fn open(
                 KafkaStore::open(cfg, owner.clone()).await.map(|s| {
                     if let Some(k) = sink.kafka().filter(|k| k.exactly_once()) {
                         k.attach(s.transaction().clone());
+                        health.set_transaction_connection(s.transaction().connected());
                     }
                     Store::Kafka(s.into())
                 })

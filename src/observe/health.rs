@@ -44,6 +44,9 @@ pub struct Health {
     lease: Mutex<Option<String>>,
     /// `[coordination] shards`: the shards this process runs, each with its streams' health.
     shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
+    /// Exactly-once: whether the transactional producer, which sends the events, reaches its
+    /// brokers (counts in the sink's connection with the sink's own producer).
+    transaction: Mutex<Option<Arc<AtomicBool>>>,
     /// Destinations that refuse every event (a set-up mistake), held by the delivery queue.
     refusals: Arc<Refusals>,
     /// Destinations looked up at start that are missing or refused, until they are not.
@@ -77,6 +80,7 @@ impl Health {
             lease: Mutex::new(None),
             shards: Mutex::new(BTreeMap::new()),
             refusals: Arc::default(),
+            transaction: Mutex::new(None),
             state: Mutex::new(None),
             destinations: Mutex::new(Vec::new()),
         })
@@ -85,6 +89,16 @@ impl Health {
     /// The sink is open: `connected` says whether its broker is reachable, `cause` why not.
     pub fn set_sink(&self, connected: Arc<AtomicBool>, cause: Arc<Mutex<Option<String>>>) {
         *self.sink.lock().expect("health lock") = SinkSignal::Open { connected, cause };
+    }
+
+    /// Exactly-once: the transactional producer sends the events; `connected` says whether it
+    /// reaches its brokers. Readiness and `kubecast_sink_connected` count it with the sink's.
+    pub fn set_transaction_connection(&self, connected: Arc<AtomicBool>) {
+        *self.transaction.lock().expect("health lock") = Some(connected);
+    }
+
+    fn transaction_connected(&self) -> bool {
+        self.transaction.lock().expect("health lock").as_ref().is_none_or(|c| c.load(Ordering::Relaxed))
     }
 
     /// `Some(reason)` while the state store cannot be used (its opening refused; exactly-once:
@@ -157,7 +171,7 @@ impl Health {
     pub fn sink_connected(&self) -> bool {
         match &*self.sink.lock().expect("health lock") {
             SinkSignal::Opening => false,
-            SinkSignal::Open { connected, .. } => connected.load(Ordering::Relaxed),
+            SinkSignal::Open { connected, .. } => connected.load(Ordering::Relaxed) && self.transaction_connected(),
             SinkSignal::PerShard => {
                 self.shards.lock().expect("health lock").values().all(|shard| shard.sink_connected())
             }
@@ -208,6 +222,9 @@ impl Health {
                     Some(cause) => out.push(format!("sink: broker not reachable: {cause}")),
                     None => out.push("sink: broker not reachable".to_string()),
                 }
+            }
+            SinkSignal::Open { .. } if !self.transaction_connected() => {
+                out.push("sink: broker not reachable by the transactional producer (exactly-once)".to_string())
             }
             // Each shard's sink is among its reasons above.
             SinkSignal::Open { .. } | SinkSignal::PerShard => {}
@@ -265,6 +282,19 @@ mod tests {
         *cause.lock().unwrap() = Some("connection refused".into());
         assert_eq!(h.not_ready(), ["sink: broker not reachable: connection refused"]);
         connected.store(true, Ordering::Relaxed);
+        assert!(h.sink_connected() && h.not_ready().is_empty());
+    }
+
+    #[test]
+    fn with_exactly_once_the_transactional_producer_s_connection_counts_too() {
+        let h = health(&[]);
+        let txn = Arc::new(AtomicBool::new(true));
+        h.set_transaction_connection(txn.clone());
+        assert!(h.sink_connected() && h.not_ready().is_empty());
+        txn.store(false, Ordering::Relaxed);
+        assert!(!h.sink_connected());
+        assert_eq!(h.not_ready(), ["sink: broker not reachable by the transactional producer (exactly-once)"]);
+        txn.store(true, Ordering::Relaxed);
         assert!(h.sink_connected() && h.not_ready().is_empty());
     }
 

@@ -224,6 +224,12 @@ impl Transaction {
         self.exactly_once
     }
 
+    /// Whether the producer reaches its brokers: false when librdkafka says all brokers are
+    /// down, true again at the next delivered record or commit.
+    pub fn connected(&self) -> Arc<AtomicBool> {
+        self.connected.clone()
+    }
+
     /// Lets this process take its `transactional.id` over again when the broker aborted its
     /// transaction for being open longer than `transaction.timeout.ms` (a broker paused or
     /// unreachable that long bumps the producer's epoch, which fences it like a successor
@@ -398,11 +404,14 @@ impl Transaction {
         if let Some(e) = inner.refused.pausing().filter(|_| inner.state != State::Abandoned) {
             return Err(e);
         }
-        let result = match self.commit_locked(&mut inner, records) {
+        let mut result = match self.commit_locked(&mut inner, records) {
             Err(TxnError::Fenced(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
             other => other,
         };
         let events = inner.events.len();
+        if let Err(TxnError::RecordRefused { events: held, .. }) = &mut result {
+            *held = events;
+        }
         inner.refused.after(&result, &self.what, events);
         result
     }
@@ -489,6 +498,7 @@ impl Transaction {
     /// The first `n` events (and the state records with them) are committed.
     fn committed(&self, inner: &mut Inner, n: usize) {
         outcome("committed");
+        self.connected.store(true, Ordering::Relaxed);
         self.committed_events.fetch_add(n as u64, Ordering::Relaxed);
         inner.events.drain(..n);
         inner.events.shrink_to(1024);
@@ -624,7 +634,12 @@ impl Transaction {
     fn poisoned(&self) -> Option<TxnError> {
         let p = self.poison.lock().expect("poison lock").take()?;
         if let Some(refusal) = p.refusal {
-            return Some(TxnError::RecordRefused { refusal, reason: format!("{}: {}", self.what, p.text) });
+            return Some(TxnError::RecordRefused {
+                refusal,
+                destination: format!("Kafka topic {:?}", p.topic),
+                events: 0,
+                reason: format!("{}: {}", self.what, p.text),
+            });
         }
         let p = p.text;
         Some(TxnError::Poison(format!(
