@@ -331,6 +331,9 @@ async fn a_missing_topic_holds_the_commits_and_every_change_goes_once_after_it_i
     assert!(body.contains(&topic) && body.contains("fix: create the topic"), "names the topic and the fix: {body}");
     assert!(kc.exited().is_none(), "kubecast stays up:\n{}", kc.log());
     assert!(kc.log().contains("a record's destination refuses every record"), "{}", kc.log());
+    // The transaction's events are held like any refused event: counted, and named with the cause.
+    assert!(body.contains("refuses every event: the topic does not exist"), "{body}");
+    assert!(refused_events(&mut kc).await > 0, "kubecast_sink_refused counts the transaction's events");
 
     let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
@@ -361,7 +364,15 @@ async fn a_missing_topic_holds_the_commits_and_every_change_goes_once_after_it_i
         .and_then(|v| v.trim().parse::<f64>().ok());
     assert!(committed.is_some_and(|n| n >= 1.0), "committed transactions counted:\n{metrics}");
     assert!(metrics.contains("kubecast_kafka_transaction_events "), "{metrics}");
+    assert_eq!(refused_events(&mut kc).await, 0, "nothing held once committed");
     assert!(kc.stop().success(), "{}", kc.log());
+}
+
+/// `kubecast_sink_refused{reason="missing_topic"}`.
+async fn refused_events(kc: &mut Kubecast) -> i64 {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let line = metrics.lines().find_map(|l| l.strip_prefix("kubecast_sink_refused{reason=\"missing_topic\"} "));
+    line.and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("no kubecast_sink_refused:\n{metrics}"))
 }
 
 /// `kubecast_kafka_transactions_total{outcome}` from `/metrics` (0 when not counted yet).

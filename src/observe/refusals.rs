@@ -31,6 +31,18 @@ impl Refusals {
     /// One more event waits because `destination` refuses it for `refusal` (`detail`: the
     /// broker's words). Held until the returned hold is dropped.
     pub fn hold(self: &Arc<Self>, destination: &str, refusal: Refusal, detail: &str) -> RefusalHold {
+        self.hold_many(destination, refusal, detail, 1)
+    }
+
+    /// `events` more events wait because `destination` refuses them (exactly-once: the events
+    /// of a transaction that cannot commit). Held until the returned hold is dropped.
+    pub fn hold_many(
+        self: &Arc<Self>,
+        destination: &str,
+        refusal: Refusal,
+        detail: &str,
+        events: usize,
+    ) -> RefusalHold {
         let key = (destination.to_string(), refusal);
         {
             let mut held = self.held.lock().expect("refusals lock");
@@ -39,11 +51,11 @@ impl Refusals {
                 detail: String::new(),
                 since: Instant::now(),
             });
-            h.events += 1;
+            h.events += events;
             h.detail = detail.to_string();
         }
-        gauge(refusal).inc();
-        RefusalHold { refusals: self.clone(), key }
+        gauge(refusal).inc_by(i64::try_from(events).unwrap_or(i64::MAX));
+        RefusalHold { refusals: self.clone(), key, events }
     }
 
     /// Whether any destination refuses events now.
@@ -70,16 +82,16 @@ impl Refusals {
             .collect()
     }
 
-    fn release(&self, key: &(String, Refusal)) {
+    fn release(&self, key: &(String, Refusal), events: usize) {
         let mut held = self.held.lock().expect("refusals lock");
         if let Some(h) = held.get_mut(key) {
-            h.events -= 1;
+            h.events = h.events.saturating_sub(events);
             if h.events == 0 {
                 held.remove(key);
             }
         }
         drop(held);
-        gauge(key.1).dec();
+        gauge(key.1).dec_by(i64::try_from(events).unwrap_or(i64::MAX));
     }
 }
 
@@ -92,6 +104,7 @@ fn gauge(refusal: Refusal) -> prometheus_client::metrics::gauge::Gauge {
 pub struct RefusalHold {
     refusals: Arc<Refusals>,
     key: (String, Refusal),
+    events: usize,
 }
 
 impl RefusalHold {
@@ -110,7 +123,7 @@ impl RefusalHold {
 
 impl Drop for RefusalHold {
     fn drop(&mut self) {
-        self.refusals.release(&self.key);
+        self.refusals.release(&self.key, self.events);
     }
 }
 
@@ -139,6 +152,10 @@ mod tests {
         other.update("Topic authorization failed (principal User:limited)");
         assert!(r.describe()[0].contains("User:limited"));
         drop(other);
+        assert!(!r.any());
+        let many = r.hold_many("topic t", Refusal::MissingTopic, "Unknown topic", 40);
+        assert!(r.describe()[0].contains("40 event(s) held"), "{:?}", r.describe());
+        drop(many);
         assert!(!r.any());
     }
 }

@@ -101,6 +101,9 @@ pub async fn run(
         g.set(0.0);
         g
     });
+    // Exactly-once: the events of a transaction whose destination refuses them, counted in
+    // `kubecast_sink_refused` and named on `/readyz` until a commit succeeds.
+    let mut refused: Option<crate::observe::refusals::RefusalHold> = None;
     // Gone with this persister (a shard given up): another replica reports it now.
     let _forget = store.exactly_once_id().map(|id| ForgetGauge(id.to_string()));
     loop {
@@ -113,6 +116,7 @@ pub async fn run(
         match write_changed(&store, &checkpoints).await {
             Ok(_) => {
                 current_at = std::time::Instant::now();
+                drop(refused.take());
                 health.set_state_problem(None);
                 if let Some(g) = &failing_gauge {
                     g.set(0.0);
@@ -120,6 +124,11 @@ pub async fn run(
             }
             Err(e) if e.is_fatal() => return Err(e),
             Err(e) => {
+                if let CheckpointError::EventsRefused { refusal, destination, events, why, .. } = &e {
+                    // The new hold first: the count never drops to zero between two refusals.
+                    let hold = health.refusals().hold_many(destination, *refusal, why, *events);
+                    drop(refused.replace(hold));
+                }
                 error!(error = %e, "checkpoints not written; retrying at the next interval");
                 let failing = current_at.elapsed();
                 if let Some(g) = &failing_gauge {

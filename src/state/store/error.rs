@@ -73,6 +73,11 @@ pub enum CheckpointError {
     /// transaction holds a record no retry can deliver (not retried: the process stops).
     #[error("{what}: {why}")]
     Unusable { what: String, why: String },
+    /// Exactly-once: an event's destination refuses every record (a topic that does not exist,
+    /// a Write permission not granted), so the transaction holding `events` events cannot
+    /// commit; they are kept and sent again until the operator fixes it (retried, never fatal).
+    #[error("{what}: {why} ({refusal}; {events} event(s) held; fix: {})", refusal.fix())]
+    EventsRefused { what: String, refusal: Refusal, destination: String, events: usize, why: String },
 }
 
 impl CheckpointError {

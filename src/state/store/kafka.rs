@@ -14,6 +14,7 @@
 //! librdkafka's transactional calls block: they run on the blocking pool.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
@@ -95,7 +96,9 @@ fn txn_error(what: &str, e: TxnError) -> CheckpointError {
         TxnError::Abandoned(_) => CheckpointError::Abandoned { what },
         TxnError::Fatal(why) | TxnError::Poison(why) => CheckpointError::Unusable { what, why },
         TxnError::Retriable(cause) => broker(what, cause),
-        e @ TxnError::RecordRefused { .. } => broker(what, e),
+        TxnError::RecordRefused { refusal, destination, events, reason } => {
+            CheckpointError::EventsRefused { what, refusal, destination, events, why: reason }
+        }
     }
 }
 
@@ -110,7 +113,7 @@ impl KafkaStore {
         let (client, id, eos) = (cfg.client.clone(), cfg.transactional_id.clone(), cfg.exactly_once);
         let w = what.clone();
         let txn = tokio::task::spawn_blocking(move || {
-            Transaction::init(&client, &id, eos, Arc::default()).map_err(|e| txn_error(&w, e))
+            Transaction::init(&client, &id, eos, Arc::new(AtomicBool::new(true))).map_err(|e| txn_error(&w, e))
         })
         .await
         .expect("init_transactions task")?;
@@ -283,6 +286,37 @@ fn admin_client(cfg: &KafkaStoreConfig, what: &str) -> Result<AdminClient<LogCon
         .map_err(|e| broker(what, format!("admin client: {}", describe(&e))))
 }
 
+/// A consumer of `client`'s connection that reads by partition: assigned its partitions from
+/// their beginning, committing nothing, so it needs no permission on its consumer group
+/// `group` (librdkafka needs a group to assign partitions, and asks for the group's coordinator
+/// anyway: a refusal of that is expected and ignored, see [`ReaderContext`]).
+fn reader_consumer(client: &ClientConfig, group: &str) -> ClientConfig {
+    let mut cc = for_consumer(client);
+    cc.set("group.id", group);
+    cc.remove("group.instance.id");
+    cc
+}
+
+/// The state readers' context: librdkafka's messages logged as by the sink's clients, except
+/// a refused group coordinator, which the readers do not need.
+struct ReaderContext;
+
+impl rdkafka::client::ClientContext for ReaderContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        LogContext.log(level, fac, msg);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(RDKafkaErrorCode::GroupAuthorizationFailed) {
+            tracing::debug!(error = %error, "Kafka state reader: {reason} (no group permission is needed: it reads by partition)");
+        } else {
+            LogContext.error(error, reason);
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReaderContext {}
+
 /// What the cluster says of the state topic (a metadata request that never creates topics).
 struct Layout {
     /// The topic's replication factor (its first partition's replicas); `None`: no such topic.
@@ -292,10 +326,10 @@ struct Layout {
 }
 
 async fn topic_layout(cfg: &KafkaStoreConfig, what: &str) -> Result<Layout, CheckpointError> {
-    let mut cc = for_consumer(&cfg.client);
-    cc.set("allow.auto.create.topics", "false").set("group.id", "kubecast-state-check");
-    let consumer: BaseConsumer<LogContext> =
-        cc.create_with_context(LogContext).map_err(|e| broker(what, format!("client: {}", describe(&e))))?;
+    let mut cc = reader_consumer(&cfg.client, "kubecast-state-check");
+    cc.set("allow.auto.create.topics", "false");
+    let consumer: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(|e| broker(what, format!("client: {}", describe(&e))))?;
     let topic = cfg.topic.clone();
     let what = what.to_string();
     tokio::task::spawn_blocking(move || {
@@ -312,8 +346,9 @@ async fn topic_layout(cfg: &KafkaStoreConfig, what: &str) -> Result<Layout, Chec
 }
 
 /// Reads `topic` from its beginning to its end, committed records only, calling `each` with
-/// every keyed record; the records read. A consumer of group `group`, no producer: nobody is
-/// fenced. `missing`: what to say when the topic has no partitions.
+/// every keyed record; the records read. A consumer that reads by partition (the principal
+/// needs no permission on its group `group`), no producer: nobody is fenced. `missing`: what
+/// to say when the topic has no partitions.
 ///
 /// The end is each partition's high watermark when the read starts, not the end of partition
 /// librdkafka reports: reading committed records, that comes at the last stable offset, the
@@ -330,9 +365,8 @@ fn read_to_end(
     mut each: impl FnMut(&str, &rdkafka::message::BorrowedMessage<'_>) -> Result<(), CheckpointError>,
 ) -> Result<u64, CheckpointError> {
     let what = format!("Kafka state topic {topic}");
-    let mut cc = for_consumer(client);
+    let mut cc = reader_consumer(client, group);
     cc.set("allow.auto.create.topics", "false")
-        .set("group.id", group)
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
@@ -341,8 +375,8 @@ fn read_to_end(
         // starts sooner.
         .set("fetch.wait.max.ms", "10")
         .set("auto.offset.reset", "earliest");
-    let consumer: BaseConsumer<LogContext> =
-        cc.create_with_context(LogContext).map_err(|e| broker(&what, format!("consumer: {}", describe(&e))))?;
+    let consumer: BaseConsumer<ReaderContext> =
+        cc.create_with_context(ReaderContext).map_err(|e| broker(&what, format!("consumer: {}", describe(&e))))?;
     let md = consumer.fetch_metadata(Some(topic), TIMEOUT).map_err(|e| broker(&what, format!("metadata: {e}")))?;
     let partitions: Vec<i32> = md
         .topics()
@@ -356,10 +390,10 @@ fn read_to_end(
     let mut tpl = TopicPartitionList::new();
     // Partition -> the offset after its last record when the read starts. Asked by a consumer
     // that reads uncommitted records: the reading consumer would be told the last stable offset.
-    let mut uncommitted = for_consumer(client);
-    uncommitted.set("group.id", group).set("isolation.level", "read_uncommitted");
-    let ends: BaseConsumer<LogContext> = uncommitted
-        .create_with_context(LogContext)
+    let mut uncommitted = reader_consumer(client, group);
+    uncommitted.set("isolation.level", "read_uncommitted");
+    let ends: BaseConsumer<ReaderContext> = uncommitted
+        .create_with_context(ReaderContext)
         .map_err(|e| broker(&what, format!("consumer: {}", describe(&e))))?;
     let mut open = std::collections::HashMap::new();
     for p in &partitions {
@@ -392,6 +426,8 @@ fn read_to_end(
             Some(Err(KafkaError::MessageConsumption(code))) if is_transient(code) => {
                 last_error = Some(code.to_string());
             }
+            // The group's coordinator, which this reader does not use (see `reader_consumer`).
+            Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::GroupAuthorizationFailed))) => {}
             Some(Err(e)) => return Err(broker(&what, format!("reading it: {e}"))),
             Some(Ok(m)) => {
                 records += 1;

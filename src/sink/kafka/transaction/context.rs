@@ -18,6 +18,8 @@ pub struct Rejected {
     /// A set-up mistake (a missing topic, a permission not granted): the destination refuses
     /// every record, not this one; `None`: this record can never be delivered (too large).
     pub refusal: Option<crate::model::Refusal>,
+    /// The record's topic.
+    pub topic: String,
     pub text: String,
 }
 
@@ -59,7 +61,7 @@ impl ProducerContext for TxnContext {
                     let mut p = self.poison.lock().expect("poison lock");
                     if p.is_none() {
                         let text = format!("a record for topic {} was rejected: {e}", m.topic());
-                        *p = Some(Rejected { refusal, text });
+                        *p = Some(Rejected { refusal, topic: m.topic().to_string(), text });
                     }
                 }
             }

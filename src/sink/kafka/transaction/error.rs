@@ -36,8 +36,9 @@ pub enum TxnError {
     /// A record's destination refuses every record, a set-up mistake (a topic that does not
     /// exist, a Write permission not granted): not committed; its events are kept and produced
     /// again, with a growing pause between the attempts, until the operator fixes it.
+    /// `destination` names the refusing topic, `events` how many events the transaction holds.
     #[error("{reason} ({refusal}; fix: {})", refusal.fix())]
-    RecordRefused { refusal: Refusal, reason: String },
+    RecordRefused { refusal: Refusal, destination: String, events: usize, reason: String },
 }
 
 impl TxnError {

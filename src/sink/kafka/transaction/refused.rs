@@ -43,7 +43,14 @@ mod tests {
 
     #[test]
     fn the_pause_doubles_up_to_thirty_seconds_and_a_commit_ends_it() {
-        let refused = || Err(TxnError::RecordRefused { refusal: Refusal::MissingTopic, reason: "t".into() });
+        let refused = || {
+            Err(TxnError::RecordRefused {
+                refusal: Refusal::MissingTopic,
+                destination: "Kafka topic \"t\"".into(),
+                events: 1,
+                reason: "t".into(),
+            })
+        };
         let mut r = Refused::default();
         assert!(r.pausing().is_none());
         let mut pauses = Vec::new();
