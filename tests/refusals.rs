@@ -518,3 +518,86 @@ async fn sharded_with_the_transactional_ids_refused_holds_its_shards_not_ready_u
     }
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// `kubecast dead-letter replay --progress <group>` with the sink's credentials: (success,
+/// stdout, stderr).
+fn replay_as_limited(kc: &Kubecast, group: &str) -> (bool, String, String) {
+    let out = Command::new(common::bin())
+        .args(["dead-letter", "replay", "--progress", group, "--config"])
+        .arg(kc.dir.path().join("kubecast.toml"))
+        .env("REFUSALS_TEST_KAFKA_PASSWORD", common::env_var("KAFKA_LIMITED_PASSWORD"))
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run kubecast dead-letter replay");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
+/// kubecast reads its state topic by partition, never as a member of a consumer group: a
+/// principal with every group refused runs, loads its state and resumes after a restart.
+/// `kubecast dead-letter replay` keeps how far it got in a group: refused, it names the group
+/// and the permission to grant, and replays once granted.
+#[tokio::test]
+async fn running_needs_no_group_permission_and_replay_names_a_refused_group() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "refused-group").await;
+    let (topic, dead) = (common::unique("dl-small"), common::unique("dl-dead"));
+    let (state, group) = (common::unique("group-state"), common::unique("replay"));
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", common::env_var("KAFKA_BROKERS")).create().unwrap();
+    let small = NewTopic::new(&topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "4000");
+    let dl = NewTopic::new(&dead, 1, TopicReplication::Fixed(1));
+    for r in admin.create_topics(&[small, dl], &AdminOptions::new()).await.unwrap() {
+        r.expect("topic created");
+    }
+    let state_groups = ["kubecast-state-loader", "kubecast-state-check", "kubecast-state-cli"];
+    for g in state_groups.iter().chain([&group.as_str()]) {
+        deny_limited(true, "Read", &["--group", g]);
+    }
+    let sink =
+        limited_sink(&topic, "") + &format!("[delivery.dead_letter]\ntype = \"broker\"\ndestination = \"{dead}\"\n");
+    let checkpoint = format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\n");
+    let password = common::env_var("KAFKA_LIMITED_PASSWORD");
+    let env = [("REFUSALS_TEST_KAFKA_PASSWORD", password.as_str())];
+    let mut kc = Kubecast::start_with_sink(&common::cm_config(&ns.name, ""), &sink, &checkpoint, &env);
+    kc.wait_ready(200).await;
+    let big =
+        create_cm(&client, &ns.name, "big", serde_json::json!({}), serde_json::json!({"blob": "x".repeat(8000)})).await;
+    create_cm(&client, &ns.name, "small", serde_json::json!({}), serde_json::json!({"v": "1"})).await;
+    let deadline = Instant::now() + WAIT;
+    while common::topic::read_if_any(&dead, false).is_empty() || common::topic::read_if_any(&topic, false).is_empty() {
+        assert!(Instant::now() < deadline, "the big event dead-lettered, the small one sent:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A restart loads the state (positions and index) back, with every group still refused.
+    assert!(kc.stop().success(), "{}", kc.log());
+    kc.restart(&env);
+    kc.wait_ready(200).await;
+    assert!(kc.log().contains("resuming from checkpoint"), "resumed from the stored state:\n{}", kc.log());
+    create_cm(&client, &ns.name, "after", serde_json::json!({}), serde_json::json!({"v": "1"})).await;
+    while !common::topic::read_if_any(&topic, false)
+        .iter()
+        .any(|m| common::topic::header(m, "ce_subject").is_some_and(|s| s.ends_with("/after")))
+    {
+        assert!(Instant::now() < deadline, "a change after the restart:\n{}", kc.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let said = |l: &&str| (l.contains(" ERROR ") || l.contains(" WARN ")) && l.contains("Group authorization");
+    assert!(!kc.log().lines().any(|l| said(&l)), "no group needed, none complained of:\n{}", kc.log());
+
+    let (ok, out, err) = replay_as_limited(&kc, &group);
+    assert!(!ok, "replay cannot keep its progress in a refused group: {out}\n{err}");
+    assert!(err.contains(&format!("--group {group}")) && err.contains("Read on the consumer group"), "{err}");
+    deny_limited(false, "Read", &["--group", &group]);
+    let alter = rdkafka::admin::AlterConfig::new(rdkafka::admin::ResourceSpecifier::Topic(&topic))
+        .set("max.message.bytes", "1000000");
+    admin.alter_configs(&[alter], &AdminOptions::new()).await.unwrap()[0].as_ref().expect("topic config altered");
+    let (ok, out, err) = replay_as_limited(&kc, &group);
+    let uid = big.metadata.uid.unwrap();
+    assert!(ok && out.contains(&format!("replayed: {uid}:")), "replayed once granted: {out}\n{err}");
+    for g in state_groups {
+        deny_limited(false, "Read", &["--group", g]);
+    }
+    assert!(!kc.log().contains(&password), "the password leaked into the log");
+    assert!(kc.stop().success(), "{}", kc.log());
+}

@@ -130,7 +130,9 @@ impl FileReader {
 
 pub struct KafkaReader {
     topic: String,
-    consumer: StreamConsumer,
+    /// The consumer group that keeps how far replay got.
+    group: String,
+    consumer: StreamConsumer<ReplayContext>,
     /// Partition -> the offset at which the read ends.
     open: HashMap<i32, i64>,
     last: Option<(i32, i64)>,
@@ -147,46 +149,27 @@ impl KafkaReader {
             .set("allow.auto.create.topics", "false")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest");
-        let consumer: StreamConsumer = cc.create().map_err(|e| what(format!("consumer: {e}")))?;
+        let consumer: StreamConsumer<ReplayContext> =
+            cc.create_with_context(ReplayContext::default()).map_err(|e| what(format!("consumer: {e}")))?;
         let (consumer, open) = tokio::task::spawn_blocking({
             let topic = topic.to_string();
-            move || -> Result<_, String> {
-                let md = consumer.fetch_metadata(Some(&topic), TIMEOUT).map_err(|e| format!("metadata: {e}"))?;
-                let t = md.topics().iter().find(|t| t.name() == topic).ok_or("no such topic")?;
-                if let Some(e) = t.error() {
-                    return Err(format!("{:?}", rdkafka::types::RDKafkaRespErr::from(e)));
-                }
-                let mut tpl = TopicPartitionList::new();
-                for p in t.partitions() {
-                    tpl.add_partition(&topic, p.id());
-                }
-                let committed =
-                    consumer.committed_offsets(tpl, TIMEOUT).map_err(|e| format!("committed offsets: {e}"))?;
-                let mut open = HashMap::new();
-                let mut assign = TopicPartitionList::new();
-                for e in committed.elements() {
-                    let (low, high) = consumer
-                        .fetch_watermarks(&topic, e.partition(), TIMEOUT)
-                        .map_err(|x| format!("the end of partition {}: {x}", e.partition()))?;
-                    let from = match e.offset() {
-                        Offset::Offset(o) => o.max(low),
-                        _ => low,
-                    };
-                    if from < high {
-                        open.insert(e.partition(), high);
-                        assign
-                            .add_partition_offset(&topic, e.partition(), Offset::Offset(from))
-                            .map_err(|x| x.to_string())?;
-                    }
-                }
-                consumer.assign(&assign).map_err(|e| format!("assign: {e}"))?;
-                Ok((consumer, open))
+            move || {
+                let open = assign_unreplayed(&consumer, &topic);
+                (consumer, open)
             }
         })
         .await
-        .expect("the dead-letter reader")
-        .map_err(what)?;
-        Ok(Self { topic: topic.to_string(), consumer, open, last: None, dry_run })
+        .expect("the dead-letter reader");
+        let open = match open {
+            Ok(open) => open,
+            Err(e) => {
+                // The broker's errors meanwhile (a refused group, whose coordinator a call
+                // then only waits for) reach the context when the consumer is served.
+                let _ = tokio::time::timeout(Duration::from_millis(500), consumer.recv()).await;
+                return Err(what(in_words(e, group, consumer.context())));
+            }
+        };
+        Ok(Self { topic: topic.to_string(), group: group.to_string(), consumer, open, last: None, dry_run })
     }
 
     async fn next(&mut self) -> Result<Option<Result<Entry, String>>, ReplayError> {
@@ -225,9 +208,86 @@ impl KafkaReader {
         }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&self.topic, p, Offset::Offset(o + 1)).expect("an offset");
-        self.consumer
-            .commit(&tpl, rdkafka::consumer::CommitMode::Sync)
-            .map_err(|e| ReplayError::Kafka(format!("committing the replay's progress (group offsets): {e}")))
+        self.consumer.commit(&tpl, rdkafka::consumer::CommitMode::Sync).map_err(|e| {
+            ReplayError::Kafka(format!(
+                "committing the replay's progress (group offsets): {}",
+                in_words(&e, &self.group, self.consumer.context())
+            ))
+        })
+    }
+}
+
+/// Assigns `consumer` each partition of `topic` from the replay's committed offset up to the
+/// partition's end; the ends (partition -> offset at which the read ends). Blocking.
+fn assign_unreplayed(
+    consumer: &StreamConsumer<ReplayContext>,
+    topic: &str,
+) -> Result<HashMap<i32, i64>, rdkafka::error::KafkaError> {
+    let md = consumer.fetch_metadata(Some(topic), TIMEOUT)?;
+    let mut tpl = TopicPartitionList::new();
+    for t in md.topics().iter().filter(|t| t.name() == topic) {
+        if let Some(e) = t.error() {
+            return Err(rdkafka::error::KafkaError::MetadataFetch(rdkafka::types::RDKafkaErrorCode::from(e)));
+        }
+        for p in t.partitions() {
+            tpl.add_partition(topic, p.id());
+        }
+    }
+    if tpl.count() == 0 {
+        let missing = rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition;
+        return Err(rdkafka::error::KafkaError::MetadataFetch(missing));
+    }
+    let committed = consumer.committed_offsets(tpl, TIMEOUT)?;
+    let mut open = HashMap::new();
+    let mut assign = TopicPartitionList::new();
+    for e in committed.elements() {
+        let (low, high) = consumer.fetch_watermarks(topic, e.partition(), TIMEOUT)?;
+        let from = match e.offset() {
+            Offset::Offset(o) => o.max(low),
+            _ => low,
+        };
+        if from < high {
+            open.insert(e.partition(), high);
+            assign.add_partition_offset(topic, e.partition(), Offset::Offset(from))?;
+        }
+    }
+    consumer.assign(&assign)?;
+    Ok(open)
+}
+
+/// The replay consumer's context: librdkafka's messages logged as kubecast's, and whether the
+/// broker refused the group (a call waiting for the group's coordinator then only times out).
+#[derive(Default)]
+struct ReplayContext {
+    group_refused: std::sync::atomic::AtomicBool,
+}
+
+impl rdkafka::client::ClientContext for ReplayContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, msg: &str) {
+        crate::sink::kafka::LogContext.log(level, fac, msg);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        if crate::sink::kafka::refusal(&error) == Some(crate::model::Refusal::GroupNotAuthorized) {
+            self.group_refused.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        crate::sink::kafka::LogContext.error(error, reason);
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for ReplayContext {}
+
+/// `e`, with the cause and the fix when it is a set-up mistake (a missing Read permission on
+/// the progress group `group`, on the topic).
+fn in_words(e: impl std::borrow::Borrow<rdkafka::error::KafkaError>, group: &str, context: &ReplayContext) -> String {
+    let e = e.borrow();
+    let group_refused = context.group_refused.load(std::sync::atomic::Ordering::Relaxed);
+    let refusal = crate::sink::kafka::refusal(e).or(group_refused.then_some(crate::model::Refusal::GroupNotAuthorized));
+    match refusal {
+        Some(refusal) => {
+            format!("{e}: {} (group {group:?}; fix: {})", refusal.what(), refusal.fix().replace("<group>", group))
+        }
+        None => e.to_string(),
     }
 }
 

@@ -28,3 +28,4 @@ pub use client::{KafkaContext, KafkaSink};
 pub use config::{DEFAULT_TOPIC, KafkaConfig, Mode, clean_topic_part, topic_name_problem, topic_template};
 pub use encode::encode;
 pub use logging::{LogContext, log_level};
+pub(crate) use rejected::refusal;

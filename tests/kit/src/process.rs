@@ -205,7 +205,10 @@ impl Kubecast {
         let log = self.run_log();
         let line = log.lines().rfind(|l| l.contains(marker)).unwrap();
         let addr = line[line.find(marker).unwrap() + marker.len()..].split_whitespace().next().unwrap().to_string();
-        let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect to the admin server");
+        let mut conn = match tokio::net::TcpStream::connect(&addr).await {
+            Ok(conn) => conn,
+            Err(e) => panic!("connect to the admin server ({e}); kubecast {:?}\nlog:\n{}", self.exited(), self.log()),
+        };
         conn.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
         let mut resp = String::new();
         conn.read_to_string(&mut resp).await.unwrap();
