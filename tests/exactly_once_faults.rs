@@ -515,3 +515,107 @@ async fn a_long_broker_outage_keeps_the_uncommitted_events_bounded_and_loses_not
     assert!(kc.exited().is_none(), "kubecast runs on:\n{}", kc.log());
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// Probes `GET /livez` at `addr` once a second until `stop` is set, each probe given
+/// `timeout` to answer; the probes that did not answer in time, and the slowest answer.
+fn probe_livez(
+    addr: String,
+    timeout: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<(Vec<String>, Duration, usize)> {
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut missed, mut slowest, mut probes) = (Vec::new(), Duration::ZERO, 0);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let started = Instant::now();
+            let answer = tokio::time::timeout(timeout, async {
+                let mut conn = tokio::net::TcpStream::connect(&addr).await?;
+                conn.write_all(b"GET /livez HTTP/1.0\r\nHost: x\r\n\r\n").await?;
+                let mut resp = String::new();
+                conn.read_to_string(&mut resp).await?;
+                Ok::<_, std::io::Error>(resp)
+            })
+            .await;
+            probes += 1;
+            match answer {
+                Ok(Ok(resp)) if resp.starts_with("HTTP/1.1 200") || resp.starts_with("HTTP/1.0 200") => {
+                    slowest = slowest.max(started.elapsed());
+                }
+                other => missed.push(format!("{:?} after {:?}: {other:?}", started, started.elapsed())),
+            }
+            tokio::time::sleep(Duration::from_secs(1).saturating_sub(started.elapsed())).await;
+        }
+        (missed, slowest, probes)
+    })
+}
+
+/// The address of `kc`'s admin server (its current run).
+fn admin_addr(kc: &Kubecast) -> String {
+    let marker = "admin server listening on ";
+    let log = kc.run_log();
+    let line = log.lines().rfind(|l| l.contains(marker)).expect("the admin server's address");
+    line[line.find(marker).unwrap() + marker.len()..].split_whitespace().next().unwrap().to_string()
+}
+
+/// Nothing blocks the worker: kubecast runs its tasks on one worker thread, and a call that
+/// blocks there (a commit waiting for the broker, a librdkafka client dropped when a shard is
+/// given up: its producers purge, flush and join their threads) holds up every other shard,
+/// the coordinator and `/livez`, whose probe then fails and the kubelet restarts the pod. Two
+/// shards on one replica, exactly once, under a steady load; the broker paused for about 45 s,
+/// during which a second replica joins and the first gives a shard up (its drain waits for
+/// the broker, then its sink and state store are dropped while the broker still does not
+/// answer). The first replica's `/livez` answers
+/// every probe within the kubelet's default probe timeout (1 s); after the pause, every
+/// change arrives once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_broker_and_a_shard_given_up_meanwhile_never_hold_up_the_worker() {
+    let _one = PAUSE.lock().await;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "eos-worker").await;
+    let (lease, topic, state) =
+        (common::unique("worker"), common::unique("eos-worker"), common::unique("worker-state"));
+    let config = common::lease_cm_config(&ns.name, &lease).replace("enabled = true\n", "enabled = true\nshards = 2\n");
+    let sink = format!(
+        "[sink]\ntype = \"kafka\"\n[sink.kafka]\nbrokers = \"{}\"\ntopic = \"{topic}\"\nexactly_once = true\n",
+        common::env_var("KAFKA_BROKERS")
+    );
+    let checkpoint = format!("store = \"kafka\"\nflush_interval_ms = 200\n[checkpoint.kafka]\ntopic = \"{state}\"\n");
+    let mut one = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    one.wait_log("holding the shard's lease: running its streams", 2).await;
+    one.wait_ready(200).await;
+    let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
+    let source =
+        Source::Kafka { brokers: common::env_var("KAFKA_BROKERS"), topic: topic.clone(), read_committed: true };
+    let traffic = Traffic::start(&api, source, 8, 10);
+    assert!(traffic.flowing(20, WAIT).await, "changes are committed:\n{}", one.log());
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probes = probe_livez(admin_addr(&one), Duration::from_secs(1), stop.clone());
+    let mut two;
+    {
+        let _paused = common::Paused::now("kafka", Duration::from_secs(90));
+        // Commits wait for the broker now; the second replica takes a shard from the first.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        two = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+        one.wait_log("giving this shard up to a less busy replica", 1).await;
+        // Its drain ends (its commit gives up waiting), then its clients are dropped, all
+        // while the broker still does not answer.
+        one.wait_log("shard stopped; its lease is given up", 1).await;
+        let stopped = Instant::now();
+        while stopped.elapsed() < Duration::from_secs(10) {
+            assert!(one.exited().is_none(), "{}", one.log());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    two.wait_ready(200).await;
+    one.wait_ready(200).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (missed, slowest, count) = probes.await.unwrap();
+    eprintln!("[worker] /livez: {count} probes through the pause and the handover, slowest answer {slowest:?}");
+    assert!(missed.is_empty(), "/livez did not answer within 1 s: {missed:?}\n{}", one.log());
+    assert!(count >= 30, "probed through the pause: {count}");
+    let verdict = traffic.finish(Delivery::ExactlyOnce, WAIT).await;
+    assert!(verdict.seen > 8, "{verdict:?}");
+    assert!(two.stop().success(), "{}", two.log());
+    assert!(one.stop().success(), "{}", one.log());
+}

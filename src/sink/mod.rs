@@ -52,8 +52,10 @@ impl Sink {
                 Ok(Sink::File(FileSink::shared(cfg.path.clone().unwrap_or_default(), "sink.path").await?))
             }
             SinkType::Kafka => {
-                let kc = cfg.kafka.as_ref().ok_or_else(|| SinkError::Config("[sink.kafka] is missing".into()))?;
-                Ok(Sink::Kafka(KafkaSink::new(kc)?))
+                let kc = cfg.kafka.clone().ok_or_else(|| SinkError::Config("[sink.kafka] is missing".into()))?;
+                // librdkafka starts its threads and reads certificate files: off the worker.
+                let sink = tokio::task::spawn_blocking(move || KafkaSink::new(&kc)).await.expect("Kafka sink task")?;
+                Ok(Sink::Kafka(sink))
             }
             SinkType::Nats => {
                 let nc = cfg.nats.as_ref().ok_or_else(|| SinkError::Config("[sink.nats] is missing".into()))?;

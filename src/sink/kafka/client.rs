@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 use super::config::clean_topic_part;
 use super::config::{KafkaConfig, Mode, REQUIRED};
 use super::encode::encode;
+use super::off_worker::OffWorker;
 use super::producer::Producer;
 use super::rejected::{refusal, rejected_for_good};
 use super::transaction::{Limits, Record, Transaction};
@@ -54,11 +55,12 @@ impl ClientContext for KafkaContext {
 }
 
 pub struct KafkaSink {
-    producer: Arc<Producer<KafkaContext>>,
+    /// Dropped off the worker, as the other clients (see [`OffWorker`]).
+    producer: Arc<OffWorker<Producer<KafkaContext>>>,
     /// The same configuration, one record per request: a record rejected as too large is sent
     /// again through it alone, because the broker rejects a whole batch when one record in it
     /// is too large, and the others must not be dead-lettered for that.
-    solo: std::sync::OnceLock<Producer<KafkaContext>>,
+    solo: std::sync::OnceLock<OffWorker<Producer<KafkaContext>>>,
     config: ClientConfig,
     topic: Template,
     mode: Mode,
@@ -110,7 +112,7 @@ impl KafkaSink {
         let keys: Vec<&String> = cfg.properties.keys().collect();
         info!(brokers = %cfg.brokers, topic = %cfg.topic, mode = ?cfg.mode, properties = ?keys, "Kafka producer created");
         Ok(Self {
-            producer: Arc::new(producer),
+            producer: Arc::new(OffWorker::new(producer)),
             solo: std::sync::OnceLock::new(),
             config: cc,
             topic: Template::parse(&cfg.topic).map_err(|e| SinkError::Config(format!("sink.kafka.topic: {e}")))?,
@@ -180,9 +182,12 @@ impl KafkaSink {
     /// Asks the cluster for metadata (blocking, up to `timeout`) and records whether it
     /// answered.
     pub fn probe(&self, timeout: Duration) -> bool {
-        let ok = self.producer.client().fetch_metadata(None, timeout).is_ok();
-        self.set_connected(ok);
-        ok
+        let answer = self.producer.client().fetch_metadata(None, timeout);
+        if let Err(e) = &answer {
+            tracing::debug!(error = %e, "Kafka sink: the brokers did not answer a metadata request");
+        }
+        self.set_connected(answer.is_ok());
+        answer.is_ok()
     }
 
     pub fn destination(&self, msg: &Outbound) -> String {
@@ -302,7 +307,7 @@ impl KafkaSink {
         cc.set("batch.num.messages", "1").set("linger.ms", "0");
         let p = Producer::create(&cc, KafkaContext { connected: self.connected.clone(), cause: self.cause.clone() })
             .map_err(|e| SendError::Retriable(format!("second Kafka producer: {e}")))?;
-        Ok(self.solo.get_or_init(|| p))
+        Ok(self.solo.get_or_init(|| OffWorker::new(p)))
     }
 
     /// ` as User:<name>` with SASL (the principal an ACL names), else nothing.

@@ -71,6 +71,7 @@ pub fn lookup_topics(
 /// one broker); `None` when it cannot be read (no permission to describe the broker's config).
 pub async fn broker_auto_creates(client: &ClientConfig, broker: i32) -> Option<bool> {
     let admin: AdminClient<LogContext> = for_producer(client).create_with_context(LogContext).ok()?;
+    let admin = super::off_worker::OffWorker::new(admin);
     let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
     let described = admin.describe_configs(&[ResourceSpecifier::Broker(broker)], &opts).await.ok()?;
     let resource = described.into_iter().next()?.ok()?;

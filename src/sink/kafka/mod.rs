@@ -17,6 +17,7 @@ mod encode;
 mod limits;
 mod logging;
 pub mod lookup;
+pub(crate) mod off_worker;
 mod producer;
 pub mod properties;
 mod rejected;

@@ -52,6 +52,7 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 pub use super::limits::Limits;
+use super::off_worker::OffWorker;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics::{self, GaugeShare};
 pub use context::TxnContext;
@@ -98,7 +99,7 @@ enum State {
 struct Inner {
     /// Replaced by a new one when the broker aborted a transaction for its age (see
     /// [`Transaction::take_over_again`]).
-    producer: ThreadedProducer<TxnContext>,
+    producer: OffWorker<ThreadedProducer<TxnContext>>,
     state: State,
     /// When the first record went into the open transaction (`None`: none yet). The broker's
     /// transaction timeout counts from there: a transaction begun but empty is not known to
@@ -192,7 +193,7 @@ impl Transaction {
             what,
             exactly_once,
             inner: Mutex::new(Inner {
-                producer,
+                producer: OffWorker::new(producer),
                 state: State::Idle,
                 first_record: None,
                 events: Vec::new(),
@@ -480,7 +481,7 @@ impl Transaction {
             // Still the old, dead producer: the next commit comes here again.
             Err(e) => return e,
         };
-        inner.producer = producer;
+        inner.producer = OffWorker::new(producer);
         outcome("taken_over");
         inner.state = State::Idle;
         inner.first_record = None;

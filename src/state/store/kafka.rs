@@ -30,6 +30,7 @@ use super::record::{Loader, PositionRecord, encode_object, object_key, position_
 use super::stream::{Delta, Owner, StreamKey};
 use crate::model::Position;
 use crate::sink::kafka::LogContext;
+use crate::sink::kafka::off_worker::OffWorker;
 use crate::sink::kafka::properties::describe;
 use crate::sink::kafka::roles::{for_consumer, for_producer};
 use crate::sink::kafka::transaction::{Record, TIMEOUT, Transaction, TxnError};
@@ -279,10 +280,12 @@ async fn ensure_topic(cfg: &KafkaStoreConfig) -> Result<(), CheckpointError> {
     }
 }
 
-/// An admin client (librdkafka runs it as a producer: the producer's properties).
-fn admin_client(cfg: &KafkaStoreConfig, what: &str) -> Result<AdminClient<LogContext>, CheckpointError> {
+/// An admin client (librdkafka runs it as a producer: the producer's properties), dropped off
+/// the worker.
+fn admin_client(cfg: &KafkaStoreConfig, what: &str) -> Result<OffWorker<AdminClient<LogContext>>, CheckpointError> {
     for_producer(&cfg.client)
         .create_with_context(LogContext)
+        .map(OffWorker::new)
         .map_err(|e| broker(what, format!("admin client: {}", describe(&e))))
 }
 
