@@ -108,7 +108,7 @@ impl Refusal {
                 "grant the principal Read on the consumer group (kafka-acls.sh --add --allow-principal User:<name> --operation Read --group <group>)"
             }
             Refusal::TransactionTimeoutRefused => {
-                "raise the broker's transaction.max.timeout.ms, or lower \"transaction.timeout.ms\" in [checkpoint.kafka.properties]"
+                "raise the broker's transaction.max.timeout.ms to 60000 or more (kubecast's transactions time out after 60 s; it sets transaction.timeout.ms itself)"
             }
             Refusal::SubjectNotPermitted => "allow the NATS user to publish on the subject (its permissions.publish)",
             Refusal::HttpNotAuthorized => {

@@ -45,7 +45,7 @@ pub struct Health {
     /// `[coordination] shards`: the shards this process runs, each with its streams' health.
     shards: Mutex<BTreeMap<Shard, Arc<Health>>>,
     /// Exactly-once: whether the transactional producer, which sends the events, reaches its
-    /// brokers (counts in the sink's connection with the sink's own producer).
+    /// brokers. It is the sink's connection then: the sink's own producer stays idle.
     transaction: Mutex<Option<Arc<AtomicBool>>>,
     /// Destinations that refuse every event (a set-up mistake), held by the delivery queue.
     refusals: Arc<Refusals>,
@@ -92,13 +92,16 @@ impl Health {
     }
 
     /// Exactly-once: the transactional producer sends the events; `connected` says whether it
-    /// reaches its brokers. Readiness and `kubecast_sink_connected` count it with the sink's.
+    /// reaches its brokers. Readiness and `kubecast_sink_connected` follow it from now on,
+    /// not the sink's own producer, which sends nothing then (and whose idle connection
+    /// librdkafka may leave down after an outage, failing every probe while the events flow).
     pub fn set_transaction_connection(&self, connected: Arc<AtomicBool>) {
         *self.transaction.lock().expect("health lock") = Some(connected);
     }
 
-    fn transaction_connected(&self) -> bool {
-        self.transaction.lock().expect("health lock").as_ref().is_none_or(|c| c.load(Ordering::Relaxed))
+    /// The transactional producer's connection, with exactly-once.
+    fn transaction_connected(&self) -> Option<bool> {
+        self.transaction.lock().expect("health lock").as_ref().map(|c| c.load(Ordering::Relaxed))
     }
 
     /// `Some(reason)` while the state store cannot be used (its opening refused; exactly-once:
@@ -171,7 +174,9 @@ impl Health {
     pub fn sink_connected(&self) -> bool {
         match &*self.sink.lock().expect("health lock") {
             SinkSignal::Opening => false,
-            SinkSignal::Open { connected, .. } => connected.load(Ordering::Relaxed) && self.transaction_connected(),
+            SinkSignal::Open { connected, .. } => {
+                self.transaction_connected().unwrap_or_else(|| connected.load(Ordering::Relaxed))
+            }
             SinkSignal::PerShard => {
                 self.shards.lock().expect("health lock").values().all(|shard| shard.sink_connected())
             }
@@ -217,14 +222,15 @@ impl Health {
         }
         match &*self.sink.lock().expect("health lock") {
             SinkSignal::Opening => out.push("sink: not open yet".to_string()),
+            SinkSignal::Open { .. } if self.transaction_connected() == Some(false) => {
+                out.push("sink: broker not reachable by the transactional producer (exactly-once)".to_string())
+            }
+            SinkSignal::Open { .. } if self.transaction_connected().is_some() => {}
             SinkSignal::Open { connected, cause } if !connected.load(Ordering::Relaxed) => {
                 match cause.lock().expect("health lock").as_deref() {
                     Some(cause) => out.push(format!("sink: broker not reachable: {cause}")),
                     None => out.push("sink: broker not reachable".to_string()),
                 }
-            }
-            SinkSignal::Open { .. } if !self.transaction_connected() => {
-                out.push("sink: broker not reachable by the transactional producer (exactly-once)".to_string())
             }
             // Each shard's sink is among its reasons above.
             SinkSignal::Open { .. } | SinkSignal::PerShard => {}
@@ -286,11 +292,14 @@ mod tests {
     }
 
     #[test]
-    fn with_exactly_once_the_transactional_producer_s_connection_counts_too() {
-        let h = health(&[]);
+    fn with_exactly_once_the_transactional_producer_s_connection_is_the_sink_s() {
+        let (h, sink) = (Health::new(Vec::new()), Arc::new(AtomicBool::new(true)));
+        h.set_sink(sink.clone(), Default::default());
         let txn = Arc::new(AtomicBool::new(true));
         h.set_transaction_connection(txn.clone());
         assert!(h.sink_connected() && h.not_ready().is_empty());
+        sink.store(false, Ordering::Relaxed);
+        assert!(h.sink_connected() && h.not_ready().is_empty(), "the idle producer does not count");
         txn.store(false, Ordering::Relaxed);
         assert!(!h.sink_connected());
         assert_eq!(h.not_ready(), ["sink: broker not reachable by the transactional producer (exactly-once)"]);
