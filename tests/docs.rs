@@ -536,3 +536,178 @@ fn user_docs_do_not_speak_of_the_development_process() {
     }
     assert!(found.is_empty(), "words of the development process in user docs:\n{}", found.join("\n"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// Chart defaults
+
+/// A value of a block-style YAML document, as far as `values.yaml` uses YAML: maps, lists and
+/// scalars (kept as written, quotes included).
+#[derive(Debug, Clone, PartialEq)]
+enum Yaml {
+    Scalar(String),
+    Map(Vec<(String, Yaml)>),
+    List(Vec<Yaml>),
+    Null,
+}
+
+impl Yaml {
+    /// Flow style, as the chart README writes a default: `{}`, `[ReadWriteOnce]`,
+    /// `{type: stdout}`, `""`.
+    fn flow(&self) -> String {
+        match self {
+            Yaml::Scalar(s) => s.clone(),
+            Yaml::Null => "null".into(),
+            Yaml::List(items) => format!("[{}]", items.iter().map(Yaml::flow).collect::<Vec<_>>().join(", ")),
+            Yaml::Map(entries) => {
+                format!("{{{}}}", entries.iter().map(|(k, v)| format!("{k}: {}", v.flow())).collect::<Vec<_>>().join(", "))
+            }
+        }
+    }
+
+    fn get(&self, path: &str) -> Option<&Yaml> {
+        path.split('.').try_fold(self, |y, k| match y {
+            Yaml::Map(entries) => entries.iter().find(|(key, _)| key == k).map(|(_, v)| v),
+            _ => None,
+        })
+    }
+
+    /// Every scalar below this value.
+    fn scalars(&self) -> Vec<String> {
+        match self {
+            Yaml::Scalar(s) => vec![s.trim_matches('"').to_string()],
+            Yaml::Null => vec![],
+            Yaml::List(items) => items.iter().flat_map(Yaml::scalars).collect(),
+            Yaml::Map(entries) => entries.iter().flat_map(|(_, v)| v.scalars()).collect(),
+        }
+    }
+}
+
+/// Parses the block-style YAML of `values.yaml` (comments, maps, lists of scalars or maps,
+/// `{}` / `[]` / `null`).
+fn parse_yaml(text: &str) -> Yaml {
+    let lines: Vec<(usize, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let body = l.trim_start();
+            if body.is_empty() || body.starts_with('#') {
+                return None;
+            }
+            let body = body.split(" #").next().unwrap().trim_end();
+            Some((l.len() - l.trim_start().len(), body.to_string()))
+        })
+        .collect();
+    fn scalar(v: &str) -> Yaml {
+        if v == "null" || v == "~" { Yaml::Null } else { Yaml::Scalar(v.to_string()) }
+    }
+    fn block(lines: &mut Vec<(usize, String)>, i: &mut usize, indent: usize) -> Yaml {
+        if lines[*i].1.starts_with("- ") || lines[*i].1 == "-" {
+            let mut items = Vec::new();
+            while *i < lines.len() && lines[*i].0 == indent && lines[*i].1.starts_with('-') {
+                let rest = lines[*i].1[1..].trim_start().to_string();
+                if rest.contains(": ") || rest.ends_with(':') {
+                    // A map as a list item: its first key on the dash's line.
+                    lines[*i] = (indent + 2, rest);
+                    items.push(block(lines, i, indent + 2));
+                } else {
+                    items.push(scalar(&rest));
+                    *i += 1;
+                }
+            }
+            return Yaml::List(items);
+        }
+        let mut entries = Vec::new();
+        while *i < lines.len() && lines[*i].0 == indent && !lines[*i].1.starts_with("- ") {
+            let (key, value) = lines[*i].1.split_once(':').expect("key: value");
+            let (key, value) = (key.trim().to_string(), value.trim().to_string());
+            *i += 1;
+            let nested = *i < lines.len()
+                && (lines[*i].0 > indent || (lines[*i].0 == indent && lines[*i].1.starts_with("- ")));
+            let v = if !value.is_empty() {
+                scalar(&value)
+            } else if nested {
+                let inner = lines[*i].0;
+                block(lines, i, inner)
+            } else {
+                Yaml::Null
+            };
+            entries.push((key, v));
+        }
+        Yaml::Map(entries)
+    }
+    let mut lines = lines;
+    let mut i = 0;
+    let out = block(&mut lines, &mut i, 0);
+    assert_eq!(i, lines.len(), "values.yaml: not read past line {:?}", lines.get(i));
+    out
+}
+
+/// The code spans of a Markdown cell.
+fn code_spans(cell: &str) -> Vec<String> {
+    cell.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// Rows of the chart README's values table whose default disagrees with `values.yaml`:
+/// - `unset` / `empty…`: the value is absent or null;
+/// - one code span (maybe followed by a parenthesis): exactly the value, in flow style;
+/// - words: every code span and every figure they hold is a value below that key.
+fn chart_default_problems(readme: &str, values: &Yaml) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in readme.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let key = cells[0].trim_start_matches("| ").trim_matches('`');
+        let Some(default) = cells.get(1).map(|d| d.trim()) else { continue };
+        let actual = values.get(key);
+        if default.starts_with("unset") || default.starts_with("empty") {
+            if actual.is_some_and(|a| *a != Yaml::Null) {
+                out.push(format!("{key}: the README says {default:?}, values.yaml has {}", actual.unwrap().flow()));
+            }
+            continue;
+        }
+        let Some(actual) = actual else {
+            out.push(format!("{key}: the README gives the default {default:?}, values.yaml has no such value"));
+            continue;
+        };
+        let spans = code_spans(default);
+        let single = default.starts_with('`')
+            && spans.len() >= 1
+            && default[spans[0].len() + 2..].trim().chars().next().is_none_or(|c| c == '(');
+        if single {
+            if spans[0] != actual.flow() {
+                out.push(format!("{key}: the README says `{}`, values.yaml has `{}`", spans[0], actual.flow()));
+            }
+            continue;
+        }
+        let known = actual.scalars();
+        let figures = default
+            .split(|c: char| c.is_whitespace() || matches!(c, ',' | '/' | '(' | ')' | '`' | ';'))
+            .filter(|w| w.chars().any(|c| c.is_ascii_digit()));
+        for word in spans.iter().map(String::as_str).chain(figures) {
+            if !known.iter().any(|k| k == word) {
+                out.push(format!("{key}: the README's default {default:?} names {word:?}, not a value of values.yaml there"));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_chart_readme_states_the_defaults_of_values_yaml() {
+    let values = parse_yaml(&read("charts/kubecast/values.yaml"));
+    // The parser reads what values.yaml holds.
+    assert_eq!(values.get("mode").map(Yaml::flow).as_deref(), Some("standalone"));
+    assert_eq!(values.get("persistence.accessModes").map(Yaml::flow).as_deref(), Some("[ReadWriteOnce]"));
+    assert_eq!(values.get("config.sink").map(Yaml::flow).as_deref(), Some("{type: stdout}"));
+    assert_eq!(values.get("terminationGracePeriodSeconds"), Some(&Yaml::Null));
+    assert_eq!(
+        values.get("config.resources").map(Yaml::flow).as_deref(),
+        Some("[{api_version: apps/v1, kind: Deployment, resource: deployments}]")
+    );
+    let readme = read("charts/kubecast/README.md");
+    let table = &readme[readme.find("\n## Values\n").expect("a Values section")..];
+    let table = &table[..table[1..].find("\n## ").map_or(table.len(), |e| e + 1)];
+    let problems = chart_default_problems(table, &values);
+    assert!(problems.is_empty(), "defaults in the chart README's values table that values.yaml does not have:\n{}", problems.join("\n"));
+    // The check can fail: a changed default, in a code span and in words, is found.
+    let broken = "| `replicas` | `2` | |\n| `resources` | requests 50m / 64Mi, limit 1Gi memory | |\n";
+    assert_eq!(chart_default_problems(broken, &values).len(), 2, "{:?}", chart_default_problems(broken, &values));
+}
