@@ -9,6 +9,7 @@
 //! source    apiserver client, watch, reflector (list + watch, resume, relist-diff)
 //! sink      stdout | file | kafka | nats
 //! state     watermark, checkpoint store, persister
+//! coordination  the Lease of the active process, shard members, assignment, count changes
 //! delivery  queue (order, limits), retry, dead letter
 //! shaping   the shaping stage: filters, redaction, payload, CloudEvent per change
 //! config    the TOML file: gathers every component's settings
@@ -26,6 +27,7 @@
 
 pub mod app;
 pub mod config;
+pub mod coordination;
 pub mod delivery;
 pub mod model;
 pub mod observe;

@@ -18,10 +18,11 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("source", &["model", "observe"]),
     ("sink", &["model", "observe"]),
     ("state", &["model", "observe", "sink"]),
+    ("coordination", &["model", "observe", "sink", "state"]),
     ("delivery", &["model", "observe", "sink", "state"]),
     ("shaping", &["model", "observe", "source", "sink", "delivery"]),
-    ("config", &["model", "observe", "source", "sink", "state", "delivery", "shaping"]),
-    ("app", &["model", "observe", "source", "sink", "state", "delivery", "shaping", "config"]),
+    ("config", &["model", "observe", "source", "sink", "state", "coordination", "delivery", "shaping"]),
+    ("app", &["model", "observe", "source", "sink", "state", "coordination", "delivery", "shaping", "config"]),
 ];
 
 /// Lines a file in `src/` may have.

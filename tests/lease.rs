@@ -266,8 +266,8 @@ async fn renewed_ms(client: &kube::Client, ns: &str, name: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn a_blocked_runtime_worker_does_not_hold_up_the_lease_renewals() {
     use kubecast::app::leadership::{Keepers, Tenure};
+    use kubecast::coordination::lease::{Attempt, CoordinationConfig, Elector};
     use kubecast::source::client::ClusterConfig;
-    use kubecast::state::lease::{Attempt, CoordinationConfig, Elector};
     use tokio_util::sync::CancellationToken;
 
     let client = client().await;

@@ -1,11 +1,11 @@
 //! `RunError`: why `kubecast run` stopped (the first fatal error of any stage).
 
+use crate::coordination::lease::LeaseError;
 use crate::delivery::queue::DeliveryError;
 use crate::observe::admin::AdminError;
 use crate::sink::SinkError;
 use crate::source::client::ClientError;
 use crate::source::reflector::ReflectorError;
-use crate::state::lease::LeaseError;
 use crate::state::store::CheckpointError;
 
 #[derive(Debug, thiserror::Error)]

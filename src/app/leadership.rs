@@ -1,6 +1,6 @@
 //! `[coordination]`: wait as a standby until this process holds the Lease, then keep it; a
 //! holder that loses it (another took it over, or it could not renew within the deadline)
-//! stops at once (see [`crate::state::lease`]).
+//! stops at once (see [`crate::coordination::lease`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -12,9 +12,9 @@ use tracing::{debug, error, info, warn};
 
 use super::error::RunError;
 use super::runtime;
+use crate::coordination::lease::{Attempt, CoordinationConfig, Elector};
 use crate::observe::health::Health;
 use crate::source::client::{self, ClusterConfig};
-use crate::state::lease::{Attempt, CoordinationConfig, Elector};
 
 /// Waits until this process holds the Lease; `None` when shutdown came first. Meanwhile
 /// `/readyz` says who holds it. A standby tries every retry period, and at once when its
@@ -250,7 +250,7 @@ pub fn elector(
     client: &kube::Client,
     cfg: &CoordinationConfig,
     health: &Arc<Health>,
-    floor: Option<crate::state::lease::EpochFloor>,
+    floor: Option<crate::coordination::lease::EpochFloor>,
 ) -> Option<Elector> {
     if !cfg.enabled {
         return None;

@@ -4,8 +4,8 @@
 //! unsharded run does once.
 //!
 //! Every retry period the coordinator renews this replica's member Lease, lists the group's
-//! Leases (`state::members`), and decides what to take and give up
-//! (`state::assignment::decide`): free shards are taken (the least busy replicas first), and
+//! Leases (`coordination::members`), and decides what to take and give up
+//! (`coordination::assignment::decide`): free shards are taken (the least busy replicas first), and
 //! the busiest replica gives one up when another holds two fewer, or when it holds more than
 //! `ceil(N / R)`. Giving up is a clean stop of that shard: its streams drain, its last
 //! checkpoint is written, then its Lease is released and the next holder takes it at once. A
@@ -27,16 +27,16 @@ use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::Pipeline;
 use super::{leadership, supervise};
 use crate::config::Config;
+use crate::coordination::assignment::{View, decide};
+use crate::coordination::count_change::{CountChange, count_change};
+use crate::coordination::lease::{Attempt, Elector};
+use crate::coordination::members::{Members, shard_labels};
 use crate::model::Shard;
 use crate::observe::admin;
 use crate::observe::health::Health;
 use crate::observe::metrics::ShardLabel;
 use crate::sink::Sink;
 use crate::source::client::ApiLimiter;
-use crate::state::assignment::{View, decide};
-use crate::state::count_change::{CountChange, count_change};
-use crate::state::lease::{Attempt, Elector};
-use crate::state::members::{Members, shard_labels};
 use crate::state::store::CheckpointError;
 
 /// What every shard of this replica shares.

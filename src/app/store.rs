@@ -24,7 +24,7 @@ use crate::state::store::{CheckpointError, Owner, Store, StreamKey, short_hash};
 /// store's records (0 when it holds none). Read only when a Lease is created (rare: the first
 /// start, or a Lease deleted, renamed or moved), with a connection of its own. `None` for the
 /// file store (its records carry no epoch: one process locks the directory).
-pub fn epoch_floor(config: &Config) -> Option<crate::state::lease::EpochFloor> {
+pub fn epoch_floor(config: &Config) -> Option<crate::coordination::lease::EpochFloor> {
     if config.checkpoint.store == StoreKind::File {
         return None;
     }

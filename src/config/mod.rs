@@ -11,6 +11,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::coordination::lease::CoordinationConfig;
 use crate::delivery::DeliveryConfig;
 use crate::model::Problem;
 use crate::observe::admin::AdminConfig;
@@ -18,7 +19,6 @@ use crate::observe::trace::TelemetryConfig;
 use crate::sink::{SinkConfig, SinkType};
 use crate::source::client::ClusterConfig;
 use crate::state::CheckpointConfig;
-use crate::state::lease::CoordinationConfig;
 pub use resource::ResourceConfig;
 
 /// The configuration used when `--config` is not given (also the demo's).

@@ -1,16 +1,12 @@
 //! What kubecast remembers per stream, and how it gets there: the watermark turns
 //! acknowledgements into a position and the changes since the last write (`watermark`), the
 //! store keeps positions (`store`: a directory, a Kafka topic or a NATS bucket), the persister
-//! writes them periodically (`persister`), and the lease says which process may (`lease`).
+//! writes them periodically (`persister`). Which process may write them (the Leases) is
+//! `coordination`'s.
 //!
 //! Invariant: a stored position never passes an item that was not acknowledged, and only the
 //! store's owner writes it.
 
-pub mod assignment;
-pub mod count_change;
-pub mod lease;
-pub mod lease_error;
-pub mod members;
 pub mod persister;
 pub mod store;
 pub mod watermark;

@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use tracing::debug;
 
 use super::lease::{CoordinationConfig, LeaseError};
-use super::store::short_hash;
+use crate::state::store::short_hash;
 
 /// The label that groups a deployment's Leases (its value: `lease_name`).
 pub const GROUP_LABEL: &str = "kubecast.io/lease-group";

@@ -194,7 +194,7 @@ impl CoordinationConfig {
     /// process from others sharing the name (see [`instance`]).
     pub fn identity(&self) -> String {
         let name = self.identity.clone().unwrap_or_else(|| {
-            std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(super::host_name)
+            std::env::var("POD_NAME").ok().filter(|n| !n.is_empty()).unwrap_or_else(crate::state::host_name)
         });
         format!("{name}-{}", this_instance())
     }
