@@ -559,7 +559,10 @@ impl Yaml {
             Yaml::Null => "null".into(),
             Yaml::List(items) => format!("[{}]", items.iter().map(Yaml::flow).collect::<Vec<_>>().join(", ")),
             Yaml::Map(entries) => {
-                format!("{{{}}}", entries.iter().map(|(k, v)| format!("{k}: {}", v.flow())).collect::<Vec<_>>().join(", "))
+                format!(
+                    "{{{}}}",
+                    entries.iter().map(|(k, v)| format!("{k}: {}", v.flow())).collect::<Vec<_>>().join(", ")
+                )
             }
         }
     }
@@ -620,8 +623,8 @@ fn parse_yaml(text: &str) -> Yaml {
             let (key, value) = lines[*i].1.split_once(':').expect("key: value");
             let (key, value) = (key.trim().to_string(), value.trim().to_string());
             *i += 1;
-            let nested = *i < lines.len()
-                && (lines[*i].0 > indent || (lines[*i].0 == indent && lines[*i].1.starts_with("- ")));
+            let nested =
+                *i < lines.len() && (lines[*i].0 > indent || (lines[*i].0 == indent && lines[*i].1.starts_with("- ")));
             let v = if !value.is_empty() {
                 scalar(&value)
             } else if nested {
@@ -683,7 +686,9 @@ fn chart_default_problems(readme: &str, values: &Yaml) -> Vec<String> {
             .filter(|w| w.chars().any(|c| c.is_ascii_digit()));
         for word in spans.iter().map(String::as_str).chain(figures) {
             if !known.iter().any(|k| k == word) {
-                out.push(format!("{key}: the README's default {default:?} names {word:?}, not a value of values.yaml there"));
+                out.push(format!(
+                    "{key}: the README's default {default:?} names {word:?}, not a value of values.yaml there"
+                ));
             }
         }
     }
@@ -706,7 +711,11 @@ fn the_chart_readme_states_the_defaults_of_values_yaml() {
     let table = &readme[readme.find("\n## Values\n").expect("a Values section")..];
     let table = &table[..table[1..].find("\n## ").map_or(table.len(), |e| e + 1)];
     let problems = chart_default_problems(table, &values);
-    assert!(problems.is_empty(), "defaults in the chart README's values table that values.yaml does not have:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "defaults in the chart README's values table that values.yaml does not have:\n{}",
+        problems.join("\n")
+    );
     // The check can fail: a changed default, in a code span and in words, is found.
     let broken = "| `replicas` | `2` | |\n| `resources` | requests 50m / 64Mi, limit 1Gi memory | |\n";
     assert_eq!(chart_default_problems(broken, &values).len(), 2, "{:?}", chart_default_problems(broken, &values));
@@ -857,22 +866,22 @@ fn unrendered_names(command: &str, renders: &BTreeMap<String, Rendered>) -> Vec<
     for (i, w) in words.iter().enumerate() {
         if let Some((k, name)) = w.split_once('/').and_then(|(k, n)| kind_of(k).map(|k| (k, n))) {
             check(&mut out, k, name);
-        } else if let Some(k) = kind_of(w).filter(|_| i > 1 && words[1] != "api-resources") {
-            if let Some(name) = words.get(i + 1).filter(|n| !n.starts_with('-')) {
-                check(&mut out, k, name);
-            }
+        } else if let Some(k) = kind_of(w).filter(|_| i > 1 && words[1] != "api-resources")
+            && let Some(name) = words.get(i + 1).filter(|n| !n.starts_with('-'))
+        {
+            check(&mut out, k, name);
         }
     }
-    if words[0] == "helm" && matches!(words.get(1), Some(&("install" | "upgrade" | "template" | "rollback" | "uninstall"))) {
-        if let Some(release) = words.get(2).filter(|r| !r.starts_with(['-', '<'])) {
-            if *release != render.release {
-                out.push(format!(
-                    "`{command}`: release {release:?}; in namespace {} the docs' release is {:?}",
-                    namespace.as_deref().unwrap_or(""),
-                    render.release
-                ));
-            }
-        }
+    if words[0] == "helm"
+        && matches!(words.get(1), Some(&("install" | "upgrade" | "template" | "rollback" | "uninstall")))
+        && let Some(release) = words.get(2).filter(|r| !r.starts_with(['-', '<']))
+        && *release != render.release
+    {
+        out.push(format!(
+            "`{command}`: release {release:?}; in namespace {} the docs' release is {:?}",
+            namespace.as_deref().unwrap_or(""),
+            render.release
+        ));
     }
     if let Some(selector) = flag("-l", "--selector") {
         for term in selector.trim_matches(['\'', '"']).split(',') {
@@ -884,10 +893,10 @@ fn unrendered_names(command: &str, renders: &BTreeMap<String, Rendered>) -> Vec<
             }
         }
     }
-    if let Some(template) = flag("--show-only", "--show-only") {
-        if !repo().join("charts/kubecast").join(&template).exists() {
-            out.push(format!("`{command}`: the chart has no {template}"));
-        }
+    if let Some(template) = flag("--show-only", "--show-only")
+        && !repo().join("charts/kubecast").join(&template).exists()
+    {
+        out.push(format!("`{command}`: the chart has no {template}"));
     }
     out
 }
