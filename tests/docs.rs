@@ -937,3 +937,132 @@ fn commands_in_the_docs_name_what_the_chart_renders() {
     let found: Vec<String> = commands(bad).iter().flat_map(|c| unrendered_names(c, &renders)).collect();
     assert_eq!(found.len(), 5, "{found:#?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Configuration defaults
+
+/// `docs/configuration.md`: `(table, key, default cell)` of every row of a table section.
+fn documented_defaults(md: &str) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let mut table: Option<String> = None;
+    for line in md.lines() {
+        if let Some(h) = line.strip_prefix("## ") {
+            table = h
+                .trim()
+                .strip_prefix("`[")
+                .and_then(|h| h.strip_suffix("]`"))
+                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+        } else if let (Some(t), Some(row)) = (&table, line.strip_prefix("| `")) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let key = &row[..row.find('`').unwrap()];
+            if let Some(default) = cells.get(1) {
+                out.push((t.clone(), key.to_string(), default.trim().trim_end_matches('|').trim().to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// kubecast's own defaults: a config naming every table (and the few keys without a default),
+/// read by the config structs and written out again.
+fn code_defaults() -> serde_json::Value {
+    let toml = r#"
+[cluster]
+[checkpoint]
+[checkpoint.kafka]
+[checkpoint.nats]
+[sink]
+[sink.kafka]
+brokers = "kafka:9092"
+[sink.nats]
+url = "nats://nats:4222"
+[sink.nats.stream]
+[sink.nats.tls]
+[sink.http]
+[sink.http.tls]
+[delivery]
+[delivery.dead_letter]
+[coordination]
+[admin]
+[telemetry]
+[[resources]]
+api_version = "v1"
+kind = "ConfigMap"
+"#;
+    let config: Config = Figment::from(Toml::string(toml)).extract().unwrap_or_else(|e| panic!("{e}"));
+    serde_json::to_value(&config).unwrap()
+}
+
+/// A default as the page writes it in a code span, read as a TOML value; `None` when the span
+/// is no TOML value (a template, a word).
+fn toml_value(span: &str) -> Option<serde_json::Value> {
+    Figment::from(Toml::string(&format!("v = {span}"))).extract_inner::<serde_json::Value>("v").ok()
+}
+
+fn same_value(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    match (a.as_f64(), b.as_f64()) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// The value at `table.key` of the written-out config (`resources`: its first entry).
+fn code_value<'a>(code: &'a serde_json::Value, table: &str, key: &str) -> &'a serde_json::Value {
+    let mut at = code;
+    for part in table.split('.').chain([key]) {
+        at = match at {
+            serde_json::Value::Array(items) => &items[0][part],
+            v => &v[part],
+        };
+    }
+    at
+}
+
+/// Rows whose default is a code span (maybe followed by a parenthesis) that is not kubecast's
+/// default of that key, or `unset` where kubecast has a default.
+fn default_problems(rows: &[(String, String, String)], code: &serde_json::Value) -> (usize, Vec<String>) {
+    let mut compared = 0;
+    let mut out = Vec::new();
+    for (table, key, cell) in rows {
+        if cell == "unset" {
+            compared += 1;
+            let at = code_value(code, table, key);
+            if !at.is_null() {
+                out.push(format!("[{table}] {key}: documented as unset, kubecast's default is {at}"));
+            }
+            continue;
+        }
+        let spans = code_spans(cell);
+        let Some(span) = spans
+            .first()
+            .filter(|s| cell.starts_with('`') && cell[s.len() + 2..].trim().chars().next().is_none_or(|c| c == '('))
+        else {
+            continue;
+        };
+        let Some(documented) = toml_value(span) else { continue };
+        let at = code_value(code, table, key);
+        compared += 1;
+        if at.is_null() {
+            out.push(format!("[{table}] {key}: documented default `{span}`, kubecast has none"));
+        } else if !same_value(at, &documented) {
+            out.push(format!("[{table}] {key}: documented default `{span}`, kubecast's is {at}"));
+        }
+    }
+    (compared, out)
+}
+
+#[test]
+fn configuration_md_states_kubecasts_defaults() {
+    let code = code_defaults();
+    // The structs give their defaults: a few known ones.
+    assert_eq!(code["cluster"]["qps"].as_f64(), Some(20.0), "{code:#}");
+    assert_eq!(code["checkpoint"]["flush_interval_ms"], json!(1000), "{code:#}");
+    let rows = documented_defaults(&read("docs/configuration.md"));
+    let (compared, problems) = default_problems(&rows, &code);
+    assert!(compared > 60, "only {compared} defaults compared: {rows:?}");
+    assert!(problems.is_empty(), "defaults in docs/configuration.md that are not kubecast's:\n{}", problems.join("\n"));
+    // The check can fail: a changed default is found.
+    let row = |t: &str, k: &str, d: &str| (t.to_string(), k.to_string(), d.to_string());
+    let broken = vec![row("cluster", "qps", "`25`"), row("delivery", "queue_capacity", "unset")];
+    assert_eq!(default_problems(&broken, &code).1.len(), 2, "{:?}", default_problems(&broken, &code));
+}
