@@ -11,7 +11,12 @@
 //! - every error message quoted in `docs/troubleshooting.md` occurs in `src/`;
 //! - every relative link of the README, `docs/`, the chart README and the other READMEs users
 //!   read resolves, anchors included;
-//! - every value of `charts/kubecast/values.yaml` is in the chart README's table;
+//! - every value of `charts/kubecast/values.yaml` is in the chart README's table, with the
+//!   default `values.yaml` gives it;
+//! - the defaults `docs/configuration.md` states are those of the config structs, and so are
+//!   the defaults the docs state in passing (`` `key` (default N) ``);
+//! - every `kubectl` / `helm` command of the docs names the Deployment, Lease, PodTemplate,
+//!   labels, templates and release the chart renders (`helm template`, `$HELM`);
 //! - none of them speaks of the development process.
 
 use kubecast_kit as common;
@@ -1065,4 +1070,98 @@ fn configuration_md_states_kubecasts_defaults() {
     let row = |t: &str, k: &str, d: &str| (t.to_string(), k.to_string(), d.to_string());
     let broken = vec![row("cluster", "qps", "`25`"), row("delivery", "queue_capacity", "unset")];
     assert_eq!(default_problems(&broken, &code).1.len(), 2, "{:?}", default_problems(&broken, &code));
+}
+
+/// `` `key` (default N) `` and `` `key`, default N `` in a text: the code span and the figure
+/// (`64 MiB` as bytes); figures in pairs (`20 / 40`) are left out.
+fn stated_defaults(text: &str) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for gap in ["` (default ", "`, default "] {
+        let mut rest = text;
+        while let Some(at) = rest.find(gap) {
+            let before = &rest[..at];
+            let after = &rest[at + gap.len()..];
+            rest = after;
+            let Some(open) = before.rfind('`') else { continue };
+            let span = before[open + 1..].replace('\n', " ");
+            let figure: String = after.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+            let tail = after[figure.len()..].trim_start_matches(' ');
+            let Ok(mut n) = figure.parse::<f64>() else { continue };
+            if tail.starts_with('/') {
+                continue;
+            }
+            for (unit, factor) in [("KiB", 1024.0), ("MiB", 1048576.0), ("GiB", 1073741824.0)] {
+                if tail.starts_with(unit) {
+                    n *= factor;
+                }
+            }
+            out.push((span, n));
+        }
+    }
+    out
+}
+
+/// The default kubecast or the chart has for a code span: `[table] key`, a key name that only
+/// one table has, or a dotted chart value.
+fn default_of(span: &str, code: &serde_json::Value, chart: &Yaml) -> Option<f64> {
+    if let Some((table, key)) = span.strip_prefix('[').and_then(|s| s.split_once("] ")) {
+        return code_value(code, table.trim_matches(['[', ']']), key).as_f64();
+    }
+    if span.contains('.') {
+        return chart.get(span).and_then(|v| match v {
+            Yaml::Scalar(s) => s.trim_matches('"').parse().ok(),
+            _ => None,
+        });
+    }
+    fn find<'a>(v: &'a serde_json::Value, key: &str, out: &mut Vec<&'a serde_json::Value>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    if k == key && !v.is_object() {
+                        out.push(v);
+                    }
+                    find(v, key, out);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|i| find(i, key, out)),
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    find(code, span, &mut found);
+    match found.as_slice() {
+        [one] => one.as_f64(),
+        _ => None,
+    }
+}
+
+#[test]
+fn defaults_stated_in_passing_are_kubecasts_and_the_charts() {
+    let code = code_defaults();
+    let chart = parse_yaml(&read("charts/kubecast/values.yaml"));
+    let mut compared = 0;
+    let mut problems = Vec::new();
+    for f in user_docs() {
+        for (span, n) in stated_defaults(&std::fs::read_to_string(&f).unwrap()) {
+            let Some(actual) = default_of(&span, &code, &chart) else { continue };
+            compared += 1;
+            if actual != n {
+                problems.push(format!("{}: `{span}` (default {n}): the default is {actual}", rel(&f)));
+            }
+        }
+    }
+    assert!(compared >= 4, "only {compared} defaults stated in passing were found");
+    assert!(
+        problems.is_empty(),
+        "defaults stated in the docs that are not the code's or the chart's:\n{}",
+        problems.join("\n")
+    );
+    // The check can fail: a wrong figure, in bytes and in a chart value, is found.
+    let bad = "`[sink.kafka] max_uncommitted_bytes` (default 32 MiB) and \
+               `metrics.prometheusRule.checkpointAgeSeconds` (default 600) but `stall_after_seconds`, default 60";
+    let found: Vec<_> = stated_defaults(bad)
+        .into_iter()
+        .filter(|(span, n)| default_of(span, &code, &chart).is_some_and(|a| a != *n))
+        .collect();
+    assert_eq!(found.len(), 2, "{found:?}");
 }
