@@ -27,10 +27,10 @@ use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::Pipeline;
 use super::{leadership, supervise};
 use crate::config::Config;
-use crate::coordination::assignment::{View, decide};
+use crate::coordination::assignment::{Decision, Seen, View, decide};
 use crate::coordination::count_change::{CountChange, count_change};
-use crate::coordination::lease::{Attempt, Elector};
-use crate::coordination::members::{Members, shard_labels};
+use crate::coordination::lease::{Attempt, CoordinationConfig, Elector, EpochFloor};
+use crate::coordination::members::{Group, Members, shard_labels};
 use crate::model::Shard;
 use crate::observe::admin;
 use crate::observe::health::Health;
@@ -50,7 +50,9 @@ struct Shared {
     health: Arc<Health>,
 }
 
-/// Runs this replica's part of a sharded deployment until `shutdown` fires or a shard fails.
+/// Runs this replica's part of a sharded deployment until `shutdown` fires or a shard fails:
+/// every retry period one round of [`Coordinator`] steps (membership, decision, apply,
+/// readiness), then a wait for the next round, a shard that ended, or the stop.
 pub async fn run(
     config: Config,
     client: kube::Client,
@@ -58,9 +60,7 @@ pub async fn run(
     limiter: ApiLimiter,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
-    let cfg = config.coordination.clone();
-    let count = cfg.shards;
-    let identity = cfg.identity();
+    let count = config.coordination.shards;
     let health = Health::sharded();
     health.set_standby(Some(format!("standby: holding none of the {count} shards yet")));
     let cancel = shutdown.child_token();
@@ -74,151 +74,226 @@ pub async fn run(
         m.shard_held.get_or_create(&ShardLabel { shard: s.label() }).set(0);
     }
     m.leader.set(0);
-    info!(shards = count, identity = %identity, lease = %format!("{}/{}-<i>-of-{count}", cfg.namespace(), cfg.lease_name), "sharded: taking a share of the shards");
-
     let keepers = leadership::Keepers::start(&config.cluster).await?;
-    let shared = Arc::new(Shared { config, client: client.clone(), limiter, keepers, health: health.clone() });
-    let floor = super::store::epoch_floor(&shared.config);
-    let elector =
-        |s: Shard| Elector::for_shard(client.clone(), &cfg, s, shard_labels(&cfg)).with_epoch_floor(floor.clone());
-    let mut electors: BTreeMap<Shard, Elector> = Shard::all(count).map(|s| (s, elector(s))).collect();
-    let mut members = Members::new(client.clone(), &cfg, identity.clone());
-    let mut units: JoinSet<(Shard, Result<(), RunError>)> = JoinSet::new();
-    let mut running: BTreeMap<Shard, CancellationToken> = BTreeMap::new();
-    let mut releasing: Option<Shard> = None;
-    let retry = Duration::from_secs(cfg.retry_period_seconds.into());
-    let mut failure: Option<RunError> = None;
-    // Each call to the apiserver gets a retry period: a connection that stopped answering must
-    // not hold up the shards' handovers, the noticing of a failed shard, or the stop.
-    let no_answer = || format!("no answer from the apiserver within {retry:?}");
-    while failure.is_none() && !cancel.is_cancelled() {
-        // Why the Leases cannot be read or taken in this round: not ready while it lasts.
+    let shared = Arc::new(Shared { config, client, limiter, keepers, health });
+    let mut c = Coordinator::new(shared, cancel);
+    while c.failure.is_none() && !c.cancel.is_cancelled() {
+        let problem = match c.membership().await {
+            Err(problem) => Some(problem),
+            Ok((group, heartbeat_problem)) => match c.decision(group) {
+                Err(count_change) => Some(count_change),
+                Ok(decision) => c.apply(decision).await.or(heartbeat_problem),
+            },
+        };
+        c.readiness(problem);
+        c.wait().await;
+    }
+    c.stop().await
+}
+
+/// This replica's coordinator: the shards it runs, the Leases it watches, the shard being given
+/// up.
+struct Coordinator {
+    shared: Arc<Shared>,
+    cfg: CoordinationConfig,
+    identity: String,
+    /// Each call to the apiserver gets a retry period: a connection that stopped answering
+    /// must not hold up the shards' handovers, the noticing of a failed shard, or the stop.
+    retry: Duration,
+    floor: Option<EpochFloor>,
+    /// The shards not running here, each with the elector that watches its Lease.
+    electors: BTreeMap<Shard, Elector>,
+    members: Members,
+    units: JoinSet<(Shard, Result<(), RunError>)>,
+    /// The shards running here, each with the token that stops it.
+    running: BTreeMap<Shard, CancellationToken>,
+    /// The shard being given up (one at a time).
+    releasing: Option<Shard>,
+    failure: Option<RunError>,
+    cancel: CancellationToken,
+}
+
+impl Coordinator {
+    fn new(shared: Arc<Shared>, cancel: CancellationToken) -> Self {
+        let cfg = shared.config.coordination.clone();
+        let (count, identity) = (cfg.shards, cfg.identity());
+        info!(shards = count, identity = %identity, lease = %format!("{}/{}-<i>-of-{count}", cfg.namespace(), cfg.lease_name), "sharded: taking a share of the shards");
+        let floor = super::store::epoch_floor(&shared.config);
+        let members = Members::new(shared.client.clone(), &cfg, identity.clone());
+        let mut c = Coordinator {
+            retry: Duration::from_secs(cfg.retry_period_seconds.into()),
+            electors: BTreeMap::new(),
+            members,
+            units: JoinSet::new(),
+            running: BTreeMap::new(),
+            releasing: None,
+            failure: None,
+            shared,
+            cfg,
+            identity,
+            floor,
+            cancel,
+        };
+        c.electors = Shard::all(count).map(|s| (s, c.elector(s))).collect();
+        c
+    }
+
+    fn elector(&self, s: Shard) -> Elector {
+        Elector::for_shard(self.shared.client.clone(), &self.cfg, s, shard_labels(&self.cfg))
+            .with_epoch_floor(self.floor.clone())
+    }
+
+    fn no_answer(&self) -> String {
+        format!("no answer from the apiserver within {:?}", self.retry)
+    }
+
+    /// Step 1, membership: renews this replica's member Lease and lists the group's Leases.
+    /// `Err`: why the Leases cannot be listed; with the group, why the member Lease was not
+    /// renewed, if it was not.
+    async fn membership(&mut self) -> Result<(Group, Option<String>), String> {
         let mut problem = None;
-        match tokio::time::timeout(retry, members.heartbeat()).await {
+        match tokio::time::timeout(self.retry, self.members.heartbeat()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 warn!(error = %e, "this replica's member lease not renewed; retrying");
                 problem = Some(format!("the lease cannot be read or taken: {e}"));
             }
-            Err(_) => warn!("this replica's member lease not renewed: {}; retrying", no_answer()),
+            Err(_) => warn!("this replica's member lease not renewed: {}; retrying", self.no_answer()),
         }
-        let listed = match tokio::time::timeout(retry, members.list()).await {
+        let listed = match tokio::time::timeout(self.retry, self.members.list()).await {
             Ok(listed) => listed.map_err(|e| e.to_string()),
-            Err(_) => Err(no_answer()),
+            Err(_) => Err(self.no_answer()),
         };
         match listed {
+            Ok(group) => Ok((group, problem)),
             Err(e) => {
                 warn!(error = %e, "the shards' leases cannot be listed; retrying");
-                problem = Some(format!("the lease cannot be read or taken: {e}"));
-            }
-            Ok(group) => 'decide: {
-                let leases = group.shards.iter().map(|(name, l)| {
-                    let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
-                    (name.as_str(), holder)
-                });
-                let change = count_change(
-                    &identity,
-                    group.joined,
-                    count,
-                    &cfg.lease_name,
-                    &group.other_counts,
-                    leases,
-                    &group.members,
-                );
-                if let Some(change) = change {
-                    if matches!(change, CountChange::Yield { .. }) && !running.is_empty() {
-                        warn!(reason = %change.reason(count), "giving every shard up: another shard count takes over");
-                        for token in running.values() {
-                            token.cancel();
-                        }
-                    }
-                    problem = Some(change.reason(count));
-                    break 'decide;
-                }
-                let holders = Shard::all(count)
-                    .map(|s| match electors.get_mut(&s) {
-                        None => Some(identity.clone()), // running here
-                        // A Lease that still names this replica while the shard does not run
-                        // here (lost at a missed renew deadline, or taken by an attempt that
-                        // timed out after its write) is free: taken back like any other.
-                        Some(e) => e
-                            .observe(group.shards.get(&s.lease_name(&cfg.lease_name)))
-                            .filter(|holder| *holder != identity),
-                    })
-                    .collect();
-                // The replicas of another count take none of this count's shards.
-                let mut members = group.members;
-                for o in &group.other_counts {
-                    members.remove(&o.identity);
-                }
-                let mut view = View { members, holders };
-                view.members.insert(identity.clone());
-                let decision = decide(&identity, count, &view);
-                if let Some(s) = decision.release
-                    && releasing.is_none()
-                    && let Some(token) = running.get(&s)
-                {
-                    info!(shard = %s, replicas = view.members.len(), "giving this shard up to a less busy replica: draining it, then releasing its lease");
-                    token.cancel();
-                    releasing = Some(s);
-                }
-                for s in decision.acquire {
-                    let Some(mut e) = electors.remove(&s) else { continue };
-                    match tokio::time::timeout(retry, e.try_acquire_or_renew()).await {
-                        Ok(Ok(Attempt::Held { epoch })) => {
-                            info!(shard = %s, lease = %e.lease(), epoch, "holding the shard's lease: running its streams");
-                            let token = cancel.child_token();
-                            running.insert(s, token.clone());
-                            units.spawn(run_shard(shared.clone(), s, e, epoch, token));
-                        }
-                        Ok(Ok(_)) => {
-                            electors.insert(s, e);
-                        }
-                        Ok(Err(err)) => {
-                            warn!(shard = %s, error = %err, "the shard's lease cannot be taken; retrying");
-                            problem = Some(format!("the lease cannot be read or taken: {err}"));
-                            electors.insert(s, e);
-                        }
-                        Err(_) => {
-                            electors.insert(s, e);
-                        }
-                    }
-                }
-            }
-        }
-        health.set_lease_problem(problem);
-        set_standby(&health, &running, count);
-        tokio::select! {
-            _ = cancel.cancelled() => {}
-            _ = tokio::time::sleep(retry) => {}
-            Some(joined) = units.join_next() => {
-                let (s, result) = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-                failure = ended(s, result, &health);
-                running.remove(&s);
-                electors.insert(s, elector(s));
-                if releasing == Some(s) {
-                    releasing = None;
-                }
-                set_standby(&health, &running, count);
+                Err(format!("the lease cannot be read or taken: {e}"))
             }
         }
     }
-    // Stop every shard (each drains and gives its Lease up), then leave the group.
-    health.set_shutting_down();
-    cancel.cancel();
-    while let Some(joined) = units.join_next().await {
-        let (s, result) = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-        if let Some(e) = ended(s, result, &health)
-            && failure.is_none()
+
+    /// Step 2, decision: what to take and give up, from the group's Leases. `Err` while
+    /// replicas of another shard count run (see `count_change`): then this one takes nothing,
+    /// and gives everything up if its count yields.
+    fn decision(&mut self, group: Group) -> Result<Decision, String> {
+        let count = self.cfg.shards;
+        let leases = group.shards.iter().map(|(name, l)| {
+            let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
+            (name.as_str(), holder)
+        });
+        let change = count_change(
+            &self.identity,
+            group.joined,
+            count,
+            &self.cfg.lease_name,
+            &group.other_counts,
+            leases,
+            &group.members,
+        );
+        if let Some(change) = change {
+            if matches!(change, CountChange::Yield { .. }) && !self.running.is_empty() {
+                warn!(reason = %change.reason(count), "giving every shard up: another shard count takes over");
+                self.running.values().for_each(CancellationToken::cancel);
+            }
+            return Err(change.reason(count));
+        }
+        let seen: Vec<Seen> = Shard::all(count)
+            .map(|s| match self.electors.get_mut(&s) {
+                None => Seen::RunningHere,
+                Some(e) => Seen::Lease(e.observe(group.shards.get(&s.lease_name(&self.cfg.lease_name)))),
+            })
+            .collect();
+        let others = group.other_counts.iter().map(|o| o.identity.as_str());
+        let view = View::of(&self.identity, group.members.clone(), others, seen);
+        let decision = decide(&self.identity, count, &view);
+        if let Some(s) = decision.release
+            && self.releasing.is_none()
+            && self.running.contains_key(&s)
         {
-            failure = Some(e);
+            info!(shard = %s, replicas = view.members.len(), "giving this shard up to a less busy replica: draining it, then releasing its lease");
+        }
+        Ok(decision)
+    }
+
+    /// Step 3, apply: gives up the shard to release (one at a time), tries to take the shards to
+    /// acquire and starts each one taken. Why a Lease could not be taken, if one could not.
+    async fn apply(&mut self, decision: Decision) -> Option<String> {
+        if let Some(s) = decision.release
+            && self.releasing.is_none()
+            && let Some(token) = self.running.get(&s)
+        {
+            token.cancel();
+            self.releasing = Some(s);
+        }
+        let mut problem = None;
+        for s in decision.acquire {
+            let Some(mut e) = self.electors.remove(&s) else { continue };
+            match tokio::time::timeout(self.retry, e.try_acquire_or_renew()).await {
+                Ok(Ok(Attempt::Held { epoch })) => {
+                    info!(shard = %s, lease = %e.lease(), epoch, "holding the shard's lease: running its streams");
+                    let token = self.cancel.child_token();
+                    self.running.insert(s, token.clone());
+                    self.units.spawn(run_shard(self.shared.clone(), s, e, epoch, token));
+                }
+                Ok(Err(err)) => {
+                    warn!(shard = %s, error = %err, "the shard's lease cannot be taken; retrying");
+                    problem = Some(format!("the lease cannot be read or taken: {err}"));
+                    self.electors.insert(s, e);
+                }
+                // Held by another, or no answer in time: tried again next round.
+                Ok(Ok(_)) | Err(_) => {
+                    self.electors.insert(s, e);
+                }
+            }
+        }
+        problem
+    }
+
+    /// Step 4, readiness: not ready while a Lease cannot be read or taken (or another count
+    /// runs); a standby while no shard runs here.
+    fn readiness(&self, problem: Option<String>) {
+        self.shared.health.set_lease_problem(problem);
+        set_standby(&self.shared.health, &self.running, self.cfg.shards);
+    }
+
+    /// Until the next round, a shard that ended (its Lease watched again), or the stop.
+    async fn wait(&mut self) {
+        tokio::select! {
+            _ = self.cancel.cancelled() => {}
+            _ = tokio::time::sleep(self.retry) => {}
+            Some(joined) = self.units.join_next() => {
+                let (s, result) = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+                self.failure = ended(s, result, &self.shared.health);
+                self.running.remove(&s);
+                let elector = self.elector(s);
+                self.electors.insert(s, elector);
+                if self.releasing == Some(s) {
+                    self.releasing = None;
+                }
+                set_standby(&self.shared.health, &self.running, self.cfg.shards);
+            }
         }
     }
-    if tokio::time::timeout(retry, members.leave()).await.is_err() {
-        warn!("this replica's member lease not deleted: {} (it expires)", no_answer());
+
+    /// Stops every shard (each drains and gives its Lease up), then leaves the group.
+    async fn stop(mut self) -> Result<(), RunError> {
+        self.shared.health.set_shutting_down();
+        self.cancel.cancel();
+        while let Some(joined) = self.units.join_next().await {
+            let (s, result) = joined.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+            if let Some(e) = ended(s, result, &self.shared.health)
+                && self.failure.is_none()
+            {
+                self.failure = Some(e);
+            }
+        }
+        if tokio::time::timeout(self.retry, self.members.leave()).await.is_err() {
+            warn!("this replica's member lease not deleted: {} (it expires)", self.no_answer());
+        }
+        info!("kubecast stopped");
+        self.failure.map_or(Ok(()), Err)
     }
-    info!("kubecast stopped");
-    failure.map_or(Ok(()), Err)
 }
 
 /// A shard stopped: given up or lost (the replica goes on), or failed (returned: the replica

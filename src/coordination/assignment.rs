@@ -37,6 +37,41 @@ pub struct Decision {
     pub release: Option<Shard>,
 }
 
+/// What the coordinator sees of one shard: it runs here, or its Lease names this live holder
+/// (`None`: no holder, or one that did not renew it in time).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seen {
+    RunningHere,
+    Lease(Option<String>),
+}
+
+impl View {
+    /// Replica `me`'s view: the live `members` of its own shard count (`other_counts`' replicas
+    /// take none of this count's shards; `me` always counts) and each shard's holder by `seen`
+    /// (in shard order). A Lease that still names `me` while the shard does not run here (lost
+    /// at a missed renew deadline, or taken by an attempt that timed out after its write) is
+    /// free: taken back like any other.
+    pub fn of<'a>(
+        me: &str,
+        mut members: BTreeSet<String>,
+        other_counts: impl IntoIterator<Item = &'a str>,
+        seen: impl IntoIterator<Item = Seen>,
+    ) -> View {
+        for other in other_counts {
+            members.remove(other);
+        }
+        members.insert(me.to_string());
+        let holders = seen
+            .into_iter()
+            .map(|s| match s {
+                Seen::RunningHere => Some(me.to_string()),
+                Seen::Lease(holder) => holder.filter(|h| h != me),
+            })
+            .collect();
+        View { members, holders }
+    }
+}
+
 /// The decision of replica `me` with `count` shards, from `view`.
 pub fn decide(me: &str, count: u32, view: &View) -> Decision {
     let shards: Vec<Shard> = Shard::all(count).collect();
@@ -91,6 +126,17 @@ mod tests {
 
     fn indexes(shards: &[Shard]) -> Vec<u32> {
         shards.iter().map(Shard::index).collect()
+    }
+
+    #[test]
+    fn the_view_frees_a_lease_naming_this_replica_where_the_shard_does_not_run_and_leaves_other_counts_out() {
+        let members: BTreeSet<String> = ["b", "old"].iter().map(|m| m.to_string()).collect();
+        let seen = [Seen::RunningHere, Seen::Lease(Some("a".into())), Seen::Lease(Some("b".into())), Seen::Lease(None)];
+        let v = View::of("a", members, ["old"], seen);
+        assert_eq!(v.members.iter().map(String::as_str).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(v.holders, [Some("a".to_string()), None, Some("b".to_string()), None]);
+        // Decided on: the freed shard is taken back (a holds 1, b 1, two free).
+        assert_eq!(indexes(&decide("a", 4, &v).acquire), [1]);
     }
 
     #[test]
