@@ -252,7 +252,11 @@ async fn a_lone_replica_takes_back_the_shards_it_lost_at_a_missed_renew_deadline
 /// which happened. Where the apiserver applies the selector, this also checks kubecast's hash
 /// against the apiserver's: an object the apiserver sent to a shard that kubecast's hash puts
 /// elsewhere would be skipped (counted), and one it put elsewhere would be missing.
+/// The tests that use the apiserver of `tests/env/sharded`: one restarts it.
+static SHARDED_APISERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn same_events_as_unsharded(expect_server_side: bool) {
+    let _one = if expect_server_side { Some(SHARDED_APISERVER.lock().await) } else { None };
     // The gate on: the apiserver of `tests/env/sharded`; off: the shared one.
     let kubeconfig = expect_server_side.then(common::sharded_kubeconfig);
     let client = match &kubeconfig {
@@ -507,4 +511,95 @@ async fn changing_the_shard_count_under_load_exactly_once() {
         verdict.duplicates
     );
     assert!(a.stop().success(), "{}", a.log());
+}
+
+/// Restarts the sharded apiserver with the gate on when dropped.
+struct GateBack;
+
+impl Drop for GateBack {
+    fn drop(&mut self) {
+        restart_sharded_apiserver(true);
+    }
+}
+
+/// Restarts the apiserver of `tests/env/sharded` (etcd kept), with the `ShardedListAndWatch`
+/// gate on or off.
+fn restart_sharded_apiserver(gate: bool) {
+    let script = common::env::repo_root().join("tests/env/sharded");
+    let out = std::process::Command::new(&script)
+        .arg("restart")
+        .env("KUBECAST_ENV_SHARDED_GATE", gate.to_string())
+        // Without the gate, watches are served from etcd (no watch cache): a watch resumed on
+        // the restarted apiserver goes on from where it was, as on another apiserver of a
+        // control plane, instead of a 410 Gone and a new list.
+        .env("KUBECAST_ENV_WATCH_CACHE", gate.to_string())
+        .output()
+        .expect("run tests/env/sharded restart");
+    assert!(out.status.success(), "tests/env/sharded restart: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Skew: a shard's list was filtered by the apiserver (it echoed the selector), then the
+/// apiserver comes back without the `ShardedListAndWatch` gate (a control plane rolling the
+/// gate back, or a watch that lands on an apiserver without it), so the watch sends every
+/// object. Each stream sees an object of another shard after a filtered list: it stops
+/// sending the selector, lists again (diffed: no object taken for deleted, none sent twice),
+/// and filters on its own side. Every change arrives once, before and after; a warning, no
+/// error, and the metric counts it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watch_on_an_apiserver_without_the_gate_after_a_filtered_list_loses_nothing() {
+    let _one = SHARDED_APISERVER.lock().await;
+    let kubeconfig = common::sharded_kubeconfig();
+    let client = common::client_for(&kubeconfig).await;
+    let ns = TestNamespace::new(&client, "shards-skew").await;
+    for i in 0..12 {
+        create_cm(&client, &ns.name, &format!("before-{i}"), json!({}), json!({"v": "1"})).await;
+    }
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 2, &common::unique("shards-state"));
+    // Leases that outlast the apiserver's restart: the streams go on through it.
+    let config = config.replace(
+        "lease_duration_seconds = 4\nrenew_deadline_seconds = 2\n",
+        "lease_duration_seconds = 60\nrenew_deadline_seconds = 40\n",
+    );
+    assert!(config.contains("renew_deadline_seconds = 40"), "{config}");
+    let env = [("KUBECONFIG", kubeconfig.as_str())];
+    let mut kc = Kubecast::start_with_checkpoint(&config, &checkpoint, &env);
+    kc.wait_log("the apiserver applies the shard selector", 2).await;
+    kc.wait_for("the objects listed", WAIT, |e| e.len() >= 12).await;
+
+    restart_sharded_apiserver(false);
+    // The gate on again when the test ends, whatever its outcome: the other tests need it.
+    let _gate_back = GateBack;
+    // The watches come back on the apiserver without the gate; new objects of both shards.
+    let client = common::client_for(&kubeconfig).await;
+    for i in 0..12 {
+        create_cm(&client, &ns.name, &format!("after-{i}"), json!({}), json!({"v": "1"})).await;
+    }
+    kc.wait_log("sent an object of another shard", 2).await;
+    kc.wait_for("every object once", WAIT, |e| e.len() >= 24).await;
+    // Settled: the relists are done and diffed.
+    kc.wait_log("list complete", 4).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let events = kc.events();
+    let mut added: Vec<String> = events
+        .iter()
+        .filter(|e| common::verb(e) == "added")
+        .map(|e| e["subject"].as_str().unwrap().to_string())
+        .collect();
+    added.sort();
+    let mut want: Vec<String> =
+        (0..12).flat_map(|i| [format!("{}/before-{i}", ns.name), format!("{}/after-{i}", ns.name)]).collect();
+    want.sort();
+    let ours: Vec<&String> = added.iter().filter(|s| s.contains("/before-") || s.contains("/after-")).collect();
+    assert_eq!(ours, want.iter().collect::<Vec<_>>(), "each object added once:\n{}", kc.log());
+    assert!(!events.iter().any(|e| common::verb(e) == "deleted"), "no live object taken for deleted: {events:?}");
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let dropped: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kubecast_shard_selector_dropped_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(dropped >= 2.0, "each shard's stream counted it:\n{metrics}");
+    assert!(!kc.log().lines().any(|l| l.contains(" ERROR ")), "a warning, not an error:\n{}", kc.log());
+    assert!(kc.stop().success(), "{}", kc.log());
 }

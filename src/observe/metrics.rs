@@ -118,6 +118,7 @@ pub struct Metrics {
     pub shard_server_side: Family<Stream, Gauge>,
     /// Per stream of a shard: objects of other shards the apiserver sent, skipped by kubecast.
     pub shard_skipped: Family<Stream, Counter>,
+    pub shard_selector_dropped: Family<Stream, Counter>,
 }
 
 impl Metrics {
@@ -158,6 +159,7 @@ impl Metrics {
             shard_held: Family::default(),
             shard_server_side: Family::default(),
             shard_skipped: Family::default(),
+            shard_selector_dropped: Family::default(),
         };
         let r = &mut registry;
         r.register("events_observed", "Changes read from the watches and lists", m.events_observed.clone());
@@ -280,6 +282,11 @@ impl Metrics {
             "shard_skipped",
             "Per stream of a shard: objects of other shards the apiserver sent (it did not apply the shard selector), skipped by kubecast",
             m.shard_skipped.clone(),
+        );
+        r.register(
+            "shard_selector_dropped",
+            "Per stream of a shard: times the stream stopped sending the shard selector and listed again, filtering on its own side, because an apiserver that had applied the selector sent an object of another shard (a watch served by an apiserver without the feature gate, or a shard hash that differs)",
+            m.shard_selector_dropped.clone(),
         );
         for r in crate::model::Refusal::ALL {
             let _ = m.sink_refused.get_or_create(&Reason { reason: r.label() });

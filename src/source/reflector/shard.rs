@@ -4,7 +4,7 @@
 //! `ShardedListAndWatch` gate off, a streaming list, which echoes nothing) the reflector skips
 //! them by the same hash. It always checks, so the items are the same either way.
 
-use tracing::{error, info};
+use tracing::{info, warn};
 
 use super::state::Reflector;
 
@@ -15,16 +15,22 @@ impl Reflector {
         if shard.owns(uid) {
             return false;
         }
-        let Some(w) = &self.shard_watch else { return true };
+        let Some(w) = self.shard_watch.as_mut() else { return true };
         w.skipped.inc();
         match w.applied {
             // Known already: the apiserver does not filter.
             Some(false) => {}
-            // A list said the apiserver filters, yet an object of another shard came: its hash
-            // and kubecast's disagree, and objects it puts here that kubecast puts elsewhere
-            // reach no shard.
+            // A list said the apiserver filters, yet an object of another shard came: a watch
+            // served by another apiserver without the feature gate (skew, during a control
+            // plane's rollout), or a shard hash that differs from kubecast's, whose objects
+            // for this shard kubecast gives another would reach no shard. Either way: the
+            // selector is no longer sent, and a list without it (diffed against the index)
+            // brings back what the apiserver kept from this shard.
             Some(true) => {
-                error!(stream = %self.spec.name, uid, "the apiserver applied the shard selector to a list, yet sent an object of another shard (skipped): where its shard hash and kubecast's disagree, objects it gives this shard that kubecast gives another reach no shard (fix: turn the apiserver's ShardedListAndWatch feature gate off, or run without [coordination] shards; and report the apiserver's version)");
+                warn!(stream = %self.spec.name, uid, "an apiserver that applied the shard selector sent an object of another shard (a watch on an apiserver without the ShardedListAndWatch feature gate, or a shard hash that differs from kubecast's): this stream stops sending the selector and lists again, filtering on its own side; nothing is missed either way");
+                w.dropped.inc();
+                w.selector_off = true;
+                w.relist = true;
                 self.note_server_side(false);
             }
             // A streaming list echoes nothing: an object of another shard shows the apiserver
@@ -32,6 +38,16 @@ impl Reflector {
             None => self.note_server_side(false),
         }
         true
+    }
+
+    /// The shard whose selector this stream's requests carry: none once it stopped sending it.
+    pub(super) fn selector_shard(&self) -> Option<&crate::model::Shard> {
+        self.spec.shard.as_ref().filter(|_| !self.shard_watch.as_ref().is_some_and(|w| w.selector_off))
+    }
+
+    /// Whether a list without the selector is due (see [`Self::foreign`]); taken once.
+    pub(super) fn take_relist(&mut self) -> bool {
+        self.shard_watch.as_mut().is_some_and(|w| std::mem::take(&mut w.relist))
     }
 
     /// A list page (or an object of another shard) said whether the apiserver applied the

@@ -117,15 +117,29 @@ pub(super) struct ShardWatch {
     /// The stream's label of `kubecast_shard_server_side`, set once known (absent until then).
     pub(super) label: crate::observe::metrics::Stream,
     pub(super) skipped: Counter,
+    pub(super) dropped: Counter,
     /// Whether the apiserver applied the selector to the last list page; `None` until one.
     pub(super) applied: Option<bool>,
+    /// The stream no longer sends the shard selector (an apiserver that applied it sent an
+    /// object of another shard): kubecast filters on its side from then on.
+    pub(super) selector_off: bool,
+    /// A list without the selector is due (the objects the apiserver kept from this shard may
+    /// be missing from the index); taken by the step that lists.
+    pub(super) relist: bool,
 }
 
 impl ShardWatch {
     pub(super) fn new(stream: &str) -> Self {
         let m = crate::observe::metrics::get();
         let label = crate::observe::metrics::Stream { stream: stream.to_string() };
-        Self { skipped: m.shard_skipped.get_or_create(&label).clone(), label, applied: None }
+        Self {
+            skipped: m.shard_skipped.get_or_create(&label).clone(),
+            dropped: m.shard_selector_dropped.get_or_create(&label).clone(),
+            label,
+            applied: None,
+            selector_off: false,
+            relist: false,
+        }
     }
 }
 

@@ -35,7 +35,7 @@ impl Reflector {
         let wp = self.watch_params();
         let started = Instant::now();
         self.spec.limiter.until_ready().await;
-        let request = crate::source::watch::start(&self.target().api, &wp, &rv, self.spec.shard.as_ref());
+        let request = crate::source::watch::start(&self.target().api, &wp, &rv, self.selector_shard());
         let stream = match answered(self.idle_timeout(), "watch request", request).await {
             Ok(s) => s,
             Err(e) if is_gone(&e) || is_too_large(&e) => return Ok(Ok(self.relist_after_gone(&rv))),
@@ -143,6 +143,9 @@ impl Reflector {
                 continue;
             };
             if self.foreign(&uid) {
+                if self.take_relist() {
+                    return Ok(Ok(State::Listing { origin: Origin::Resync }));
+                }
                 // Another shard's object (the apiserver did not filter): the watch moves on
                 // past it, nothing is emitted.
                 rv = entry.resource_version.clone();
