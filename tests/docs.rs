@@ -17,6 +17,7 @@
 //!   the defaults the docs state in passing (`` `key` (default N) ``);
 //! - every `kubectl` / `helm` command of the docs names the Deployment, Lease, PodTemplate,
 //!   labels, templates and release the chart renders (`helm template`, `$HELM`);
+//! - the exit statuses `docs/troubleshooting.md` states are the binary's (run in each case);
 //! - none of them speaks of the development process.
 
 use kubecast_kit as common;
@@ -1164,4 +1165,51 @@ fn defaults_stated_in_passing_are_kubecasts_and_the_charts() {
         .filter(|(span, n)| default_of(span, &code, &chart).is_some_and(|a| a != *n))
         .collect();
     assert_eq!(found.len(), 2, "{found:?}");
+}
+
+/// The exit statuses the troubleshooting page states are kubecast's: each one it names comes
+/// from the binary in the case the page gives (a clean run, an error, a usage error, an empty
+/// `KUBECAST_CONFIG`), and 130, a second signal during the drain, is where `main.rs` exits.
+#[test]
+fn the_exit_statuses_troubleshooting_states_are_kubecasts() {
+    let page = std::fs::read_to_string(repo().join("docs/troubleshooting.md")).unwrap();
+    let start = page.find("Exit status:").expect("docs/troubleshooting.md states the exit statuses");
+    let para = &page[start..start + page[start..].find("\n\n").unwrap_or(page.len() - start)];
+    let para = para.replace('\n', " ");
+    for (code, says) in [
+        ("0", "0 after a clean stop"),
+        ("1", "1 when kubecast stopped on an error"),
+        ("2", "2 for a command line it does not understand"),
+        ("2", "an empty `KUBECAST_CONFIG`"),
+        ("130", "130 when a second signal aborts the drain"),
+    ] {
+        assert!(para.contains(says), "the page no longer says {says:?} (exit {code}): {para}");
+    }
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut c = std::process::Command::new(common::bin());
+        c.args(args).env_remove("KUBECAST_CONFIG").env("RUST_LOG", "error");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let out = c.output().expect("run kubecast");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    let config = "[cluster]\nname = \"exit-codes\"\n[[resources]]\napi_version = \"v1\"\nkind = \"ConfigMap\"\n";
+    std::fs::write(&good, config).unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, format!("{config}no_such_key = 1\n")).unwrap();
+    let good = good.to_str().unwrap();
+    let bad = bad.to_str().unwrap();
+    assert_eq!(run(&["check-config", "--config", good], &[]).0, Some(0), "a clean run");
+    let (code, err) = run(&["check-config", "--config", bad], &[]);
+    assert_eq!(code, Some(1), "an error: {err}");
+    let (code, err) = run(&["--no-such-flag"], &[]);
+    assert_eq!(code, Some(2), "a usage error: {err}");
+    let (code, err) = run(&["check-config"], &[("KUBECAST_CONFIG", "")]);
+    assert_eq!(code, Some(2), "an empty KUBECAST_CONFIG: {err}");
+    assert!(err.contains("KUBECAST_CONFIG is set but empty"), "{err}");
+    let main = std::fs::read_to_string(repo().join("src/main.rs")).unwrap();
+    assert!(main.contains("std::process::exit(130)"), "a second signal exits 130 in src/main.rs");
 }
