@@ -77,16 +77,22 @@ fn rel(p: &Path) -> String {
 
 /// `docs/configuration.md`: table -> keys, from `` ## `[a.b]` `` headings and `` | `key` | ``
 /// rows (`[[resources]]` is the table `resources`).
+/// The config table a `## ` heading of `docs/configuration.md` names (`` `[sink.kafka]` ``,
+/// `` `[[resources]]` ``), if it names one.
+fn config_table(heading: &str) -> Option<String> {
+    heading
+        .trim()
+        .strip_prefix("`[")
+        .and_then(|h| h.strip_suffix("]`"))
+        .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
+}
+
 fn documented_keys(md: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut table: Option<String> = None;
     for line in md.lines() {
         if let Some(h) = line.strip_prefix("## ") {
-            table = h
-                .trim()
-                .strip_prefix("`[")
-                .and_then(|h| h.strip_suffix("]`"))
-                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+            table = config_table(h);
             if let Some(t) = &table {
                 out.entry(t.clone()).or_default();
             }
@@ -953,11 +959,7 @@ fn documented_defaults(md: &str) -> Vec<(String, String, String)> {
     let mut table: Option<String> = None;
     for line in md.lines() {
         if let Some(h) = line.strip_prefix("## ") {
-            table = h
-                .trim()
-                .strip_prefix("`[")
-                .and_then(|h| h.strip_suffix("]`"))
-                .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string());
+            table = config_table(h);
         } else if let (Some(t), Some(row)) = (&table, line.strip_prefix("| `")) {
             let cells: Vec<&str> = row.split(" | ").collect();
             let key = &row[..row.find('`').unwrap()];

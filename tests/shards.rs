@@ -255,6 +255,12 @@ async fn a_lone_replica_takes_back_the_shards_it_lost_at_a_missed_renew_deadline
 /// The tests that use the apiserver of `tests/env/sharded`: one restarts it.
 static SHARDED_APISERVER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// The sum of `family`'s samples (every label set) in a `/metrics` text.
+fn metric_sum(metrics: &str, family: &str) -> f64 {
+    let prefix = format!("{family}{{");
+    metrics.lines().filter(|l| l.starts_with(&prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
+}
+
 async fn same_events_as_unsharded(expect_server_side: bool) {
     let _one = if expect_server_side { Some(SHARDED_APISERVER.lock().await) } else { None };
     // The gate on: the apiserver of `tests/env/sharded`; off: the shared one.
@@ -304,11 +310,7 @@ async fn same_events_as_unsharded(expect_server_side: bool) {
     };
     assert_eq!(per_object(&s), per_object(&w), "the same order per object");
     let (_, metrics) = sharded.admin_get("/metrics").await;
-    let skipped: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("kubecast_shard_skipped_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let skipped = metric_sum(&metrics, "kubecast_shard_skipped_total");
     if expect_server_side {
         assert_eq!(skipped, 0.0, "the apiserver applied the selector: no other shard's object arrived\n{metrics}");
     } else {
@@ -594,11 +596,7 @@ async fn a_watch_on_an_apiserver_without_the_gate_after_a_filtered_list_loses_no
     assert_eq!(ours, want.iter().collect::<Vec<_>>(), "each object added once:\n{}", kc.log());
     assert!(!events.iter().any(|e| common::verb(e) == "deleted"), "no live object taken for deleted: {events:?}");
     let (_, metrics) = kc.admin_get("/metrics").await;
-    let dropped: f64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("kubecast_shard_selector_dropped_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum();
+    let dropped = metric_sum(&metrics, "kubecast_shard_selector_dropped_total");
     assert!(dropped >= 2.0, "each shard's stream counted it:\n{metrics}");
     assert!(!kc.log().lines().any(|l| l.contains(" ERROR ")), "a warning, not an error:\n{}", kc.log());
     assert!(kc.stop().success(), "{}", kc.log());
