@@ -318,7 +318,7 @@ async fn kubecast_run(
 
     let published = metrics.publish_latency().await;
     let before = Usage::now(receiver);
-    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let (items_tx, items_rx) = mpsc::channel::<Item>(pipeline.bounds().channel_capacity());
     let mut downstream =
         pipeline.start_downstream(sink.clone(), items_rx, &kubecast::observe::health::Health::new(Vec::new()), &cancel);
     let clock = Clock::start(rate);

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
-use kubecast::app::wiring::{CHANNEL_CAPACITY, Pipeline};
+use kubecast::app::wiring::Pipeline;
 use kubecast::model::{Effect, EventSource, IndexOp, ObjectIndex};
 use kubecast::sink::Sink;
 use kubecast::source::gather::Gather;
@@ -166,7 +166,7 @@ async fn steady(
     common::settle();
 
     let (threads0, usage0) = (per_thread(), usage());
-    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let (items_tx, items_rx) = mpsc::channel::<Item>(pipeline.bounds().channel_capacity());
     let mut downstream =
         pipeline.start_downstream(sink.clone(), items_rx, &kubecast::observe::health::Health::new(Vec::new()), &cancel);
     // The apiserver's connection: a watch response whose every line is written at its due

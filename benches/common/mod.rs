@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kube::api::{ApiResource, GroupVersionKind, WatchEvent};
-use kubecast::app::wiring::{CHANNEL_CAPACITY, Pipeline};
+use kubecast::app::wiring::Pipeline;
 use kubecast::config::Config;
 use kubecast::model::{Change, CloudEvent, Effect, EventSource, IndexEntry, IndexOp, Origin, RawObject, Verb};
 use kubecast::sink::Sink;
@@ -361,7 +361,7 @@ pub async fn kubecast_paced(
                 min_insync_replicas: None,
             };
             let store = KafkaStore::open(cfg, Owner::default()).await.expect("Kafka state store");
-            k.attach(store.transaction().clone());
+            k.attach(store.transaction().clone(), pipeline.bounds().uncommitted());
             Store::Kafka(Arc::new(store))
         }
         None => Store::File(FileStore::open(&config.checkpoint.dir, Owner::default()).expect("checkpoint store")),
@@ -374,7 +374,7 @@ pub async fn kubecast_paced(
     let cancel = CancellationToken::new();
     settle();
     let (threads0, cpu0, t0) = (thread_cpu(), cpu_seconds(), Instant::now());
-    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let (items_tx, items_rx) = mpsc::channel::<Item>(pipeline.bounds().channel_capacity());
     // Tasks of the runtime, as in the binary: its two workers run everything, the thread
     // blocked on the benchmark's main future stays idle.
     let mut downstream =

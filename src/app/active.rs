@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::error::RunError;
-use super::wiring::{CHANNEL_CAPACITY, Pipeline};
+use super::wiring::Pipeline;
 use super::{leadership, shutdown, store, supervise};
 use crate::observe::health::Health;
 use crate::sink::Sink;
@@ -85,7 +85,7 @@ pub async fn run(mut pipeline: Pipeline, active: Active<'_>, held: Held) -> Resu
     };
     pipeline.store().may_take_over(owner);
 
-    let (items_tx, items_rx) = mpsc::channel::<Item>(CHANNEL_CAPACITY);
+    let (items_tx, items_rx) = mpsc::channel::<Item>(pipeline.bounds().channel_capacity());
     let reflectors = pipeline.reflectors(client, api_limiter, health, &items_tx);
     drop(items_tx);
     let mut streams = JoinSet::new();
@@ -171,7 +171,8 @@ async fn open_state(
     let opened = async {
         let owner = Owner { cluster_uid: store::cluster_uid(client).await, epoch, writer };
         let keys: Vec<_> = pipeline.streams.iter().map(|s| s.key.clone()).collect();
-        let Some(state) = store::open(&pipeline.config, sink, &keys, owner, health, cancel).await? else {
+        let Some(state) = store::open(&pipeline.config, sink, &keys, owner, health, pipeline.bounds(), cancel).await?
+        else {
             return Ok(false);
         };
         pipeline.load(state).await?;

@@ -8,6 +8,7 @@
 
 mod active;
 pub mod allocator;
+pub mod bounds;
 pub mod cli;
 pub mod connect_check;
 pub mod dead_letter_cmd;

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::active::{self, Active, Held};
+use super::bounds::Bounds;
 use super::error::RunError;
 use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::Pipeline;
@@ -48,6 +49,8 @@ struct Shared {
     keepers: leadership::Keepers,
     /// The process's health; each shard's streams report to a health of their own under it.
     health: Arc<Health>,
+    /// The process's memory bounds, shared by its shards.
+    bounds: Bounds,
 }
 
 /// Runs this replica's part of a sharded deployment until `shutdown` fires or a shard fails:
@@ -75,7 +78,8 @@ pub async fn run(
     }
     m.leader.set(0);
     let keepers = leadership::Keepers::start(&config.cluster).await?;
-    let shared = Arc::new(Shared { config, client, limiter, keepers, health });
+    let bounds = Bounds::of(&config);
+    let shared = Arc::new(Shared { config, client, limiter, keepers, health, bounds });
     let mut c = Coordinator::new(shared, cancel);
     while c.failure.is_none() && !c.cancel.is_cancelled() {
         let problem = match c.membership().await {
@@ -347,7 +351,7 @@ async fn run_shard(
     let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
     let tenure = leadership::Tenure::new(&cfg, lost.clone());
     let keeper = shared.keepers.keep(elector, cfg, epoch, stop.clone(), tenure.clone());
-    let pipeline = Pipeline::for_shard(shared.config.clone(), shard);
+    let pipeline = Pipeline::for_shard(shared.config.clone(), shard, shared.bounds.clone());
     let opened = async {
         let config = &pipeline.config;
         let sink = Arc::new(Sink::open(&config.sink, config.delivery.max_in_flight).await?);

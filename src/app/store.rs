@@ -10,6 +10,7 @@ use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::bounds::Bounds;
 use crate::config::Config;
 use crate::observe::health::Health;
 use crate::observe::kube_error::in_words;
@@ -135,13 +136,15 @@ pub fn transactional_id(config: &Config, keys: &[StreamKey]) -> String {
 /// Opens the store. A broker that cannot be reached is retried (every 2 s, with a warning),
 /// and so is a broker that refuses the store for a set-up reason (a missing ACL on the
 /// `transactional.id`, a transaction timeout above its maximum: every 5 s, `health` not ready
-/// naming it and the fix), until `cancel` fires; anything else is an error.
+/// naming it and the fix), until `cancel` fires; anything else is an error. With exactly-once,
+/// the sink's events go into the store's transaction, within its part of `bounds`.
 pub async fn open(
     config: &Config,
     sink: &Sink,
     keys: &[StreamKey],
     owner: Owner,
     health: &Health,
+    bounds: &Bounds,
     cancel: &CancellationToken,
 ) -> Result<Option<Store>, CheckpointError> {
     let c = &config.checkpoint;
@@ -169,7 +172,7 @@ pub async fn open(
                 };
                 KafkaStore::open(cfg, owner.clone()).await.map(|s| {
                     if let Some(k) = sink.kafka().filter(|k| k.exactly_once()) {
-                        k.attach(s.transaction().clone());
+                        k.attach(s.transaction().clone(), bounds.uncommitted());
                         health.set_transaction_connection(s.transaction().connected());
                     }
                     Store::Kafka(s.into())

@@ -13,6 +13,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::bounds::Bounds;
+pub use super::bounds::CHANNEL_CAPACITY;
 use crate::config::Config;
 use crate::delivery::dead_letter::DeadLetter;
 use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
@@ -30,9 +32,6 @@ use crate::source::reflector::{Item, Reflector, Start, StreamSpec};
 use crate::state::persister;
 use crate::state::store::{CheckpointError, Store, StreamKey};
 use crate::state::watermark::StreamCheckpoint;
-
-/// Capacity of each channel between stages (reflectors -> shaping -> queue).
-pub const CHANNEL_CAPACITY: usize = 1024;
 
 /// One stream: a `[[resources]]` entry in one namespace (or cluster-wide).
 #[derive(Debug, Clone)]
@@ -54,18 +53,22 @@ pub struct Pipeline {
     starts: Vec<Option<Start>>,
     metrics: Vec<Arc<StreamMetrics>>,
     store: Option<Store>,
+    /// The process's bounds, which this pipeline takes a part of.
+    bounds: Bounds,
 }
 
 impl Pipeline {
     /// The streams of `config` (nothing loaded yet).
     pub fn new(config: Config) -> Self {
         let streams = plan(&config);
-        Self::with_streams(config, streams)
+        let bounds = Bounds::of(&config);
+        Self::with_streams(config, streams, bounds)
     }
 
     /// The streams of `config` for one shard of their objects (`[coordination] shards`):
-    /// their own positions (`<stream id>.shard-<i>-of-<N>`) and names (`... [shard i-of-N]`).
-    pub fn for_shard(config: Config, shard: Shard) -> Self {
+    /// their own positions (`<stream id>.shard-<i>-of-<N>`) and names (`... [shard i-of-N]`),
+    /// within `bounds`, the process's, shared with its other shards.
+    pub fn for_shard(config: Config, shard: Shard, bounds: Bounds) -> Self {
         let streams = plan(&config)
             .into_iter()
             .map(|s| StreamPlan {
@@ -74,13 +77,13 @@ impl Pipeline {
                 ..s
             })
             .collect();
-        Self::with_streams(config, streams)
+        Self::with_streams(config, streams, bounds)
     }
 
-    fn with_streams(config: Config, streams: Vec<StreamPlan>) -> Self {
+    fn with_streams(config: Config, streams: Vec<StreamPlan>, bounds: Bounds) -> Self {
         let metrics =
             streams.iter().map(|s| Arc::new(StreamMetrics::new(&s.key.group, &s.key.kind, &s.name))).collect();
-        Self { config, streams, checkpoints: Vec::new(), starts: Vec::new(), metrics, store: None }
+        Self { config, streams, checkpoints: Vec::new(), starts: Vec::new(), metrics, store: None, bounds }
     }
 
     /// Loads every stream's position from `store`, which the persister then writes.
@@ -104,6 +107,11 @@ impl Pipeline {
     /// The store the positions were loaded from.
     pub fn store(&self) -> &Store {
         self.store.as_ref().expect("Pipeline::load first")
+    }
+
+    /// The process's bounds this pipeline shares.
+    pub fn bounds(&self) -> &Bounds {
+        &self.bounds
     }
 
     pub fn stream_names(&self) -> Vec<String> {
@@ -202,7 +210,7 @@ impl Pipeline {
                 limiter: routes_of[s.resource_index].1.clone(),
             })
             .collect();
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(CHANNEL_CAPACITY);
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>(self.bounds.channel_capacity());
         let shapers: Vec<Shaper> = config.resources.iter().map(|rc| Shaper::new(&rc.shaping())).collect();
         let shaper = tokio::spawn(stage::run(
             items,
@@ -220,8 +228,8 @@ impl Pipeline {
             dead_letter: Arc::new(
                 DeadLetter::new(&d.dead_letter, &config.checkpoint.dir, retry).reporting_to(refusals.clone()),
             ),
-            max_in_flight: d.max_in_flight,
-            capacity: d.queue_capacity,
+            in_flight: self.bounds.in_flight.part(),
+            capacity: self.bounds.queue.part(),
             checkpoints: self.checkpoints.clone(),
             metrics: self.metrics.clone(),
             gate: self.store().gate(),

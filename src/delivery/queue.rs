@@ -6,6 +6,10 @@
 //! queue takes jobs again once a batch fits (an eighth of its capacity, at most 256), so the
 //! stages before it wake once per batch rather than once per acknowledged event.
 //!
+//! Both bounds are the process's: with shards, each shard's queue holds a part of them
+//! ([`Part`]: its share shrinks and grows as shards come and go, and the queues together
+//! never hold more than the bound, give or take one batch per shard taken at the same time).
+//!
 //! Each job is acknowledged to its stream's watermark once its event was accepted by the sink
 //! or written to the dead letter, or at once when it carries no event.
 //!
@@ -28,6 +32,7 @@ use tracing::warn;
 use super::dead_letter::DeadLetter;
 pub use super::error::DeliveryError;
 use super::retry::RetryPolicy;
+use crate::model::Part;
 use crate::model::gate::{Gate, Pass};
 use crate::model::{Effect, Verb};
 use crate::observe::metrics::{GaugeShare, StreamMetrics};
@@ -57,8 +62,10 @@ pub struct Queue {
     pub limiter: Option<Limiter>,
     pub retry: RetryPolicy,
     pub dead_letter: Arc<DeadLetter>,
-    pub max_in_flight: usize,
-    pub capacity: usize,
+    /// Its part of the process's `max_in_flight`: events sent at once.
+    pub in_flight: Part,
+    /// Its part of the process's `queue_capacity`: events held.
+    pub capacity: Part,
     pub checkpoints: Vec<Arc<StreamCheckpoint>>,
     /// Per stream, as `checkpoints`.
     pub metrics: Vec<Arc<StreamMetrics>>,
@@ -91,29 +98,36 @@ impl Queue {
         // Jobs are taken in batches: once the queue is full, it takes more only when a batch
         // fits again. One wake-up of the stage before it (and of its thread) then moves a
         // batch instead of one job each time an event is acknowledged.
-        let batch_size = refill_batch(self.capacity);
         let mut accepting = true;
-        let mut batch: Vec<Job> = Vec::with_capacity(batch_size);
+        let mut batch: Vec<Job> = Vec::with_capacity(refill_batch(self.capacity.share()));
         // This queue's part of the process's gauges (several with shards).
         let g = crate::observe::metrics::get();
         let (depth, flying) = (GaugeShare::new(&g.queue_depth), GaugeShare::new(&g.in_flight));
         loop {
-            while in_flight.len() < self.max_in_flight {
-                let Some(job) = ready.pop_front() else { break };
-                in_flight.push(self.deliver(job));
+            // Created before the room is looked at: room another shard gives back meanwhile
+            // is not missed.
+            let freed = self.capacity.freed();
+            self.in_flight.set(in_flight.len());
+            if !ready.is_empty() {
+                for _ in 0..self.in_flight.available() {
+                    let Some(job) = ready.pop_front() else { break };
+                    in_flight.push(self.deliver(job));
+                }
+                self.in_flight.set(in_flight.len());
             }
+            self.capacity.set(held);
             depth.set(held as i64);
             flying.set(in_flight.len() as i64);
             if !input_open && held == 0 {
                 return Ok(());
             }
             // Acknowledgements held behind an event still in flight (its stream's watermark
-            // cannot apply them) are bounded too: past `capacity` in one stream, no more jobs
-            // are taken until it delivers (backpressure, reported as a stall).
-            // (Only looked at while the queue has room: not per event once it is full.)
-            if held >= self.capacity || self.checkpoints.iter().any(|c| c.waiting() >= self.capacity) {
+            // cannot apply them) are bounded too: past the queue's share in one stream, no more
+            // jobs are taken until it delivers (backpressure, reported as a stall).
+            let (share, room) = (self.capacity.share(), self.capacity.available());
+            if room == 0 || self.checkpoints.iter().any(|c| c.waiting() >= share) {
                 accepting = false;
-            } else if held + batch_size <= self.capacity {
+            } else if held == 0 || room >= refill_batch(share) {
                 accepting = true;
             }
             tokio::select! {
@@ -137,7 +151,9 @@ impl Queue {
                         pass.settle();
                     }
                 }
-                taken = rx.recv_many(&mut batch, self.capacity - held), if input_open && accepting => {
+                // Another shard gave room back, or left: the share or the room may have grown.
+                () = freed, if input_open && !accepting => {}
+                taken = rx.recv_many(&mut batch, room.max(1)), if input_open && accepting => {
                     if taken == 0 {
                         input_open = false;
                     }

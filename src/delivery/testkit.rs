@@ -13,7 +13,9 @@ use super::config::{DeadLetterConfig, DeadLetterType, DeliveryConfig};
 use super::dead_letter::DeadLetter;
 use super::queue::{DeliveryError, Job, Queue};
 use super::retry::RetryPolicy;
-use crate::model::{Change, Effect, EventSource, Fields, IndexEntry, IndexOp, Origin, Position, RawObject, Verb};
+use crate::model::{
+    Budget, Change, Effect, EventSource, Fields, IndexEntry, IndexOp, Origin, Position, RawObject, Verb,
+};
 use crate::observe::metrics::StreamMetrics;
 use crate::observe::refusals::Refusals;
 use crate::sink::Outbound;
@@ -93,6 +95,12 @@ pub struct Harness {
 impl Harness {
     /// `kind`: a name of the test's own (the metrics' label).
     pub fn new(cfg: &DeliveryConfig, kind: &str) -> Self {
+        Self::sharing(cfg, kind, &Budget::new(cfg.queue_capacity), &Budget::new(cfg.max_in_flight))
+    }
+
+    /// As [`Harness::new`], its queue taking a part of `capacity` and `in_flight` (the bounds
+    /// of a process, shared by its shards' queues) instead of `cfg`'s.
+    pub fn sharing(cfg: &DeliveryConfig, kind: &str, capacity: &Arc<Budget>, in_flight: &Arc<Budget>) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let store = FileStore::open(dir.path(), Owner::default()).expect("a checkpoint store");
         let key = StreamKey {
@@ -117,8 +125,8 @@ impl Harness {
             limiter: None,
             retry,
             dead_letter: Arc::new(DeadLetter::new(&cfg.dead_letter, dir.path(), retry)),
-            max_in_flight: cfg.max_in_flight,
-            capacity: cfg.queue_capacity,
+            in_flight: in_flight.part(),
+            capacity: capacity.part(),
             checkpoints: vec![checkpoint.clone()],
             metrics: vec![metrics.clone()],
             gate: None,

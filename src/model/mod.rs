@@ -5,6 +5,7 @@
 //! Invariant: this folder imports nothing of the crate outside it; every stage may import it.
 
 pub mod attributes;
+pub mod budget;
 pub mod event;
 pub mod fields;
 pub mod gate;
@@ -19,6 +20,7 @@ pub mod shared_index;
 pub mod verb;
 
 pub use attributes::{AttributeValue, Attributes, ExtensionValue};
+pub use budget::{Budget, Part};
 pub use event::{Change, CloudEvent, EventError, EventSource};
 pub use fields::{Fields, TypeFields};
 pub use index::{EntryRef, Index, IndexEntry, ObjectIndex, Rv, UidSet};

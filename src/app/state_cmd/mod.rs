@@ -475,7 +475,8 @@ async fn open_for_write(
         timer.cancel();
     });
     let health = crate::observe::health::Health::new(Vec::new());
-    let opened = store::open(config, &sink, &keys, owner, &health, &give_up).await;
+    let bounds = super::bounds::Bounds::of(config);
+    let opened = store::open(config, &sink, &keys, owner, &health, &bounds, &give_up).await;
     timer.abort();
     match opened? {
         Some(store) => Ok((store, uid)),

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 
 use crate::delivery::queue::{DeliveryError, Job, Limiter, Queue};
 use crate::delivery::testkit::{Harness, bookmark, config, id, job, settle};
-use crate::model::IndexEntry;
 use crate::model::gate::Gate;
+use crate::model::{Budget, IndexEntry};
 use crate::sink::SendError;
 use crate::sink::stub::{Record, Reply, Step};
 
@@ -442,6 +442,67 @@ async fn acknowledgements_held_behind_a_stuck_event_are_bounded() {
     assert_eq!(h.committed().resource_version.as_deref(), Some("100"));
 }
 
+/// Two shards' queues sharing the process's capacity of 32 (their sinks stuck, as in a broker
+/// outage): the first holds all of it; the second, arriving then, takes one event (a queue
+/// holding nothing always may) and more only as the first gives room back, while the first
+/// takes no more than its new share (16). Together they never hold more than 32 + 1; once the
+/// second is gone, the first has the whole capacity again.
+#[tokio::test(start_paused = true)]
+async fn the_queues_of_a_processs_shards_share_its_capacity() {
+    let (capacity, in_flight) = (Budget::new(32), Budget::new(64));
+    let a = Harness::sharing(&config(32, 64), "ShareA", &capacity, &in_flight);
+    let mut held_a: Vec<_> = (0..60).map(|n| Some(a.stub.hold(&id(&format!("a{n}"), n + 1)))).collect();
+    let (tx_a, run_a) = a.start(8);
+    let feed = |tx: mpsc::Sender<Job>, prefix: &'static str| {
+        tokio::spawn(async move {
+            for n in 0..60u64 {
+                tx.send(job(n, &format!("{prefix}{n}"), n + 1)).await.unwrap();
+            }
+        })
+    };
+    let feed_a = feed(tx_a, "a");
+    a.stub.wait_until(|log| log.len() == 32).await;
+    settle().await;
+    assert_eq!((a.stub.in_flight(), capacity.used()), (32, 32), "alone, the first holds the whole capacity");
+
+    let b = Harness::sharing(&config(32, 64), "ShareB", &capacity, &in_flight);
+    let mut held_b: Vec<_> = (0..60).map(|n| Some(b.stub.hold(&id(&format!("b{n}"), n + 1)))).collect();
+    let (tx_b, run_b) = b.start(8);
+    let feed_b = feed(tx_b, "b");
+    b.stub.wait_until(|log| !log.is_empty()).await;
+    settle().await;
+    assert_eq!(b.stub.started().len(), 1, "the whole capacity is held: the newcomer takes one");
+    assert_eq!(capacity.used(), 33);
+
+    // The first gives 20 back: it holds 12 and takes up to its share of 16; the second gets
+    // the rest, up to its own share.
+    for h in held_a.iter_mut().take(20) {
+        h.take().unwrap().send(Ok(())).unwrap();
+    }
+    settle().await;
+    assert_eq!(a.stub.in_flight(), 16, "the first, up to its new share");
+    assert_eq!(b.stub.in_flight(), 16, "the second, woken by the room given back");
+    assert_eq!(capacity.used(), 32);
+    assert!(a.stub.max_in_flight() <= 32 && a.stub.in_flight() + b.stub.in_flight() <= 33);
+
+    // The second delivers everything and leaves: the first has the whole capacity again.
+    for h in held_b.iter_mut() {
+        h.take().unwrap().send(Ok(())).unwrap();
+    }
+    feed_b.await.unwrap();
+    run_b.await.unwrap().expect("delivered");
+    drop(b);
+    settle().await;
+    assert_eq!(a.stub.in_flight(), 32, "the first takes the whole capacity again");
+    for h in held_a.iter_mut().filter_map(Option::take) {
+        h.send(Ok(())).unwrap();
+    }
+    feed_a.await.unwrap();
+    run_a.await.unwrap().expect("delivered");
+    assert_eq!(a.acked_events(), 60);
+    assert_eq!(capacity.used(), 0);
+}
+
 /// The harness's queue with exactly-once's gate and `limiter`; run as a task fed by `rx`.
 fn gated(h: &Harness, limiter: Option<Limiter>) -> (Arc<Gate>, mpsc::Sender<Job>, Run) {
     let q = &h.queue;
@@ -451,8 +512,8 @@ fn gated(h: &Harness, limiter: Option<Limiter>) -> (Arc<Gate>, mpsc::Sender<Job>
         limiter,
         retry: q.retry,
         dead_letter: q.dead_letter.clone(),
-        max_in_flight: q.max_in_flight,
-        capacity: q.capacity,
+        in_flight: Budget::new(q.in_flight.budget().total()).part(),
+        capacity: Budget::new(q.capacity.budget().total()).part(),
         checkpoints: q.checkpoints.clone(),
         metrics: q.metrics.clone(),
         gate: Some(gate.clone()),

@@ -18,7 +18,7 @@ use super::encode::encode;
 use super::off_worker::OffWorker;
 use super::producer::Producer;
 use super::rejected::{refusal, rejected_for_good};
-use super::transaction::{Limits, Record, Transaction};
+use super::transaction::{Record, Transaction, Uncommitted};
 use crate::sink::outbound::{Outbound, SendError, SinkError};
 use crate::sink::secret;
 use crate::sink::template::Template;
@@ -69,8 +69,6 @@ pub struct KafkaSink {
     /// Why the brokers are not reachable (a TLS or SASL failure's fix), until they are.
     cause: Arc<Mutex<Option<String>>>,
     exactly_once: bool,
-    /// Exactly-once: how many events may wait uncommitted.
-    limits: Limits,
     /// Exactly-once: the state store's transaction, set once the store is open (no event is
     /// sent before).
     transaction: std::sync::OnceLock<Arc<Transaction>>,
@@ -121,7 +119,6 @@ impl KafkaSink {
             connected,
             cause,
             exactly_once: cfg.exactly_once,
-            limits: Limits { events: cfg.max_uncommitted_events, bytes: cfg.max_uncommitted_bytes },
             transaction: std::sync::OnceLock::new(),
         })
     }
@@ -153,10 +150,11 @@ impl KafkaSink {
         self.exactly_once
     }
 
-    /// Exactly-once: from now on, events go into `txn` (the state store's), at most
-    /// `max_uncommitted_events` / `max_uncommitted_bytes` of them uncommitted.
-    pub fn attach(&self, txn: Arc<Transaction>) {
-        txn.limit(self.limits);
+    /// Exactly-once: from now on, events go into `txn` (the state store's), as many of them
+    /// uncommitted as `limits` (its part of the process's `max_uncommitted_events` /
+    /// `max_uncommitted_bytes`) allows.
+    pub fn attach(&self, txn: Arc<Transaction>, limits: Uncommitted) {
+        txn.limit(limits);
         if self.transaction.set(txn).is_err() {
             warn!("the Kafka sink's transaction was already set; keeping the first");
         }

@@ -29,8 +29,9 @@
 //! [`TxnError::Poison`] (the process stops); one whose topic refuses every record (missing, no
 //! Write permission) is [`TxnError::RecordRefused`]: aborted, kept, tried again (`refused.rs`).
 //!
-//! In every state the events kept are bounded ([`Limits`]: `[sink.kafka]
-//! max_uncommitted_events`, `max_uncommitted_bytes`): once reached, a send waits, outside
+//! In every state the events kept are bounded ([`Uncommitted`]: `[sink.kafka]
+//! max_uncommitted_events`, `max_uncommitted_bytes`, bounds of the process shared by the
+//! transactions of the shards it runs): once reached, a send waits, outside
 //! the gate, until a commit or an abort for good frees room, so the delivery queue fills and
 //! the reflectors stop reading their watches; a broker outage costs bounded memory.
 //!
@@ -51,7 +52,7 @@ use rdkafka::producer::{Producer, ThreadedProducer};
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-pub use super::limits::Limits;
+pub use super::limits::{Limits, Uncommitted};
 use super::off_worker::OffWorker;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics::{self, GaugeShare};
@@ -115,7 +116,8 @@ struct Inner {
     /// An early commit was asked for this transaction already (once: a notification per event
     /// past the bound would leave a permit that commits the next, nearly empty, one at once).
     asked_early: bool,
-    limits: Limits,
+    /// This transaction's part of the process's uncommitted bounds.
+    limits: Uncommitted,
     /// Sends wait for room (logged once until a commit frees it).
     full: bool,
     /// `events` and `event_bytes` as this transaction's part of the process's gauges.
@@ -201,7 +203,7 @@ impl Transaction {
                 committing: 0,
                 event_bytes: 0,
                 asked_early: false,
-                limits: Limits::default(),
+                limits: Uncommitted::default(),
                 full: false,
                 gauges: (
                     GaugeShare::new(&metrics::get().transaction_events),
@@ -251,8 +253,9 @@ impl Transaction {
         &self.commit_soon
     }
 
-    /// Bounds the sink's events kept uncommitted (set before the first send).
-    pub fn limit(&self, limits: Limits) {
+    /// Bounds the sink's events kept uncommitted: a part of the process's bounds (set before
+    /// the first send).
+    pub fn limit(&self, limits: Uncommitted) {
         self.lock().limits = limits;
     }
 
@@ -328,7 +331,8 @@ impl Transaction {
         Ok(())
     }
 
-    /// Waits until a commit or an abort for good may have freed room (at most [`ROOM_CHECK`]).
+    /// Waits until a commit or an abort for good may have freed room (at most [`ROOM_CHECK`]:
+    /// room that another shard's transaction gives back is seen then).
     async fn room_freed(&self, count: usize, size: usize) {
         let freed = self.room.notified();
         tokio::pin!(freed);
@@ -358,8 +362,8 @@ impl Transaction {
             warn!(
                 events = inner.events.len(),
                 bytes = inner.event_bytes,
-                max_events = inner.limits.events,
-                max_bytes = inner.limits.bytes,
+                max_events = inner.limits.share().events,
+                max_bytes = inner.limits.share().bytes,
                 "{}: the uncommitted events reached max_uncommitted_events or max_uncommitted_bytes; sends wait until a commit frees room",
                 self.what
             );
@@ -622,6 +626,7 @@ impl Transaction {
 
 /// The events held and their bytes, as metrics.
 fn held(inner: &Inner) {
+    inner.limits.hold(inner.events.len(), inner.event_bytes);
     inner.gauges.0.set(inner.events.len() as i64);
     inner.gauges.1.set(i64::try_from(inner.event_bytes).unwrap_or(i64::MAX));
 }
