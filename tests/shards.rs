@@ -601,3 +601,140 @@ async fn a_watch_on_an_apiserver_without_the_gate_after_a_filtered_list_loses_no
     assert!(!kc.log().lines().any(|l| l.contains(" ERROR ")), "a warning, not an error:\n{}", kc.log());
     assert!(kc.stop().success(), "{}", kc.log());
 }
+
+/// A memory limit on one process: a cgroup (v1 memory controller, as on this machine) of its
+/// own; removed when dropped (its process gone by then, or moved back to the root first).
+struct MemoryLimit {
+    dir: std::path::PathBuf,
+}
+
+impl MemoryLimit {
+    const ROOT: &'static str = "/sys/fs/cgroup/memory";
+
+    fn on(pid: u32, bytes: u64) -> Self {
+        let root = std::path::Path::new(Self::ROOT);
+        assert!(
+            root.join("memory.limit_in_bytes").exists(),
+            "{}: no cgroup v1 memory controller here (this test runs as root on a machine with one)",
+            Self::ROOT
+        );
+        let dir = root.join(common::unique("kubecast-test"));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        std::fs::write(dir.join("memory.limit_in_bytes"), bytes.to_string()).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).unwrap();
+        Self { dir }
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.dir.join(file)).unwrap_or_default()
+    }
+
+    /// The most the group ever used, in bytes.
+    fn peak(&self) -> u64 {
+        self.read("memory.max_usage_in_bytes").trim().parse().unwrap_or(0)
+    }
+
+    /// Processes of the group the kernel killed for its limit.
+    fn oom_kills(&self) -> u64 {
+        self.read("memory.oom_control")
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for MemoryLimit {
+    fn drop(&mut self) {
+        for pid in self.read("cgroup.procs").lines() {
+            let _ = std::fs::write(std::path::Path::new(Self::ROOT).join("cgroup.procs"), pid);
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// `kubecast_queue_depth` of a replica: the events its shards' queues hold together.
+async fn queue_depth(kc: &mut Kubecast) -> f64 {
+    let (_, metrics) = kc.admin_get("/metrics").await;
+    let line = metrics.lines().find(|l| l.starts_with("kubecast_queue_depth ")).expect("kubecast_queue_depth");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Four shards land on one replica while the sink is away (the HTTP receiver stopped), under a
+/// steady load of ~100 KiB ConfigMaps. The queue and in-flight bounds are the process's,
+/// shared by its shards: the replica's queues together hold at most `queue_capacity` (200)
+/// events (one more per shard that arrived while the others held it all), as one unsharded
+/// process would; before, each shard held that much, four times one shard's worth. The
+/// replica runs under a memory limit that one shard's worth fits and four shards' worth would
+/// not, and is never killed for it. Once the receiver is back, every change arrives, in order
+/// per object.
+#[tokio::test(flavor = "multi_thread")]
+async fn four_shards_on_one_replica_during_an_outage_hold_one_replicas_worth() {
+    const CAPACITY: usize = 200;
+    const PAD: usize = 128 * 1024;
+    // Measured: 72 MiB at the peak with 100 KiB objects (the process's base, four shards'
+    // state clients, the HTTP sink, and ~(200 + 4 x 2 x 16) held events); four shards'
+    // worth of queues and stages, what the load below writes meanwhile (1000 x 128 KiB),
+    // would not fit.
+    const LIMIT: u64 = 128 * 1024 * 1024;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-bounds").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns.name);
+    // The positions in NATS: nothing of this test waits on Kafka.
+    let (config, _) = sharded(&ns.name, &common::unique("lease"), 4, "unused");
+    let checkpoint = format!(
+        "store = \"nats\"\nflush_interval_ms = 200\n[checkpoint.nats]\nurl = \"{}\"\nbucket = \"{}\"\n",
+        common::env_var("NATS_URL"),
+        common::unique("bounds-state")
+    );
+    let config =
+        format!("{config}[delivery]\nqueue_capacity = {CAPACITY}\nmax_in_flight = 20\nbackoff_max_ms = 1000\n");
+    let mut receiver = common::receiver::Receiver::start(&[]);
+    let sink = format!("[sink]\ntype = \"http\"\n[sink.http]\nurl = \"{}\"\n", receiver.url());
+    let mut a = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    let limit = MemoryLimit::on(a.pid().expect("running"), LIMIT);
+    let mut b = Kubecast::start_with_sink(&config, &sink, &checkpoint, &[]);
+    wait_spread(&mut [&mut a, &mut b], 4, &[2, 2], "2 replicas").await;
+    let deadline = Instant::now() + WAIT;
+    while [&a, &b].iter().map(|k| k.log().matches("list complete").count()).sum::<usize>() < 4 {
+        assert!(Instant::now() < deadline, "not every shard listed:\n{}\n{}", a.log(), b.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let source = Source::HttpLog { path: receiver.log.clone() };
+    let traffic = Traffic::start_padded(&api, source, 300, 50, PAD);
+    assert!(traffic.flowing(50, WAIT).await, "events flow");
+
+    // The outage; then one replica is gone and the other takes every shard.
+    receiver.stop();
+    b.kill9();
+    wait_spread(&mut [&mut a], 4, &[4], "after the kill").await;
+    // Until the load wrote one shard's worth (a queue of 200 and its stages) for each of the
+    // four: what the replica holds is sampled meanwhile.
+    let (start, mut deepest) = (traffic.written().count(), 0.0f64);
+    let deadline = Instant::now() + WAIT;
+    while traffic.written().count() < start + 4 * (CAPACITY + 2 * CAPACITY / 8) {
+        assert!(
+            a.exited().is_none(),
+            "the replica exited (memory limit: {} OOM kills)\n{}",
+            limit.oom_kills(),
+            a.log()
+        );
+        assert!(Instant::now() < deadline, "the load wrote {} changes", traffic.written().count() - start);
+        deepest = deepest.max(queue_depth(&mut a).await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "during the outage: at most {deepest} events held in the queues of 4 shards (queue_capacity {CAPACITY}); memory peak {} MiB of {} MiB",
+        limit.peak() / (1 << 20),
+        LIMIT / (1 << 20)
+    );
+    assert!(deepest <= (CAPACITY + 4) as f64, "the shards' queues together held {deepest} events");
+    assert!(deepest >= (CAPACITY * 9 / 10) as f64, "the queues never filled ({deepest} held): nothing was tested");
+
+    receiver.restart();
+    let verdict = traffic.finish(Delivery::AtLeastOnce, WAIT).await;
+    assert!(verdict.written.count() > 1000, "a steady load: {} changes", verdict.written.count());
+    println!("{} changes, {} events read, {} duplicates", verdict.written.count(), verdict.seen, verdict.duplicates);
+    assert_eq!(limit.oom_kills(), 0, "killed for the memory limit");
+    assert!(a.stop().success(), "{}", a.log());
+}
