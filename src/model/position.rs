@@ -26,7 +26,8 @@ pub struct Position {
     /// Adopted and resumed by watch from the oldest of the old count's positions: per old
     /// shard, the resourceVersion up to which it had delivered its objects' changes. A watch
     /// event of an object at or below its old shard's floor was delivered already (not sent
-    /// again). Kept in memory until the watch passes them all.
+    /// again). Written with the position until it passes them all (a restart before that
+    /// skips the same events).
     pub floors: Vec<(super::shard::Shard, u64)>,
 }
 

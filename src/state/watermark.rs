@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::store::{Delta, StreamKey};
-use crate::model::{Effect, Position, SharedIndex};
+use crate::model::{Effect, Position, Shard, SharedIndex};
 #[cfg(test)]
 use crate::model::{IndexEntry, IndexOp};
 
@@ -47,6 +47,9 @@ pub struct Watermark {
     /// The next list emits every object (see `Position::snapshot`): kept until a list is
     /// acknowledged.
     snapshot: bool,
+    /// The old shard count's floors (see `Position::floors`), written with the position until
+    /// it passes them all.
+    floors: Vec<(Shard, u64)>,
 }
 
 impl Watermark {
@@ -66,6 +69,7 @@ impl Watermark {
             changed,
             dirty: start.adopted_from.is_some(),
             snapshot: start.snapshot,
+            floors: start.floors,
         }
     }
 
@@ -124,11 +128,18 @@ impl Watermark {
             return None;
         }
         self.dirty = false;
+        // Passed once the position is above every floor: no event the watch sends from there
+        // can be at or below one.
+        let resumed_at = self.resource_version.as_deref().and_then(|rv| rv.parse::<u64>().ok());
+        if resumed_at.is_some_and(|at| self.floors.iter().all(|(_, floor)| at > *floor)) {
+            self.floors.clear();
+        }
         let mut d = Delta {
             full,
             resource_version: self.resource_version.clone(),
             acked_ahead: self.ahead.values().filter_map(Effect::change_key).take(MAX_ACKED_AHEAD).collect(),
             snapshot: self.snapshot,
+            floors: self.floors.clone(),
             ..Default::default()
         };
         let acked = self.index.lock();
@@ -282,6 +293,23 @@ mod tests {
             },
             None,
         )
+    }
+
+    /// A position adopted from another shard count carries the old shards' floors in every
+    /// write until it is above all of them.
+    #[test]
+    fn the_floors_are_written_until_the_position_passes_them_all() {
+        let floors = vec![(Shard::new(0, 2).unwrap(), 100), (Shard::new(1, 2).unwrap(), 150)];
+        let start = Position { resource_version: Some("100".into()), floors: floors.clone(), ..Default::default() };
+        let cp = StreamCheckpoint::new(configmaps_checkpoint().key.clone(), Some(start));
+        cp.ack(0, Effect::Watched { op: IndexOp::Upsert("a".into(), entry("120")), rv: "120".into() });
+        assert_eq!(cp.take(false).unwrap().floors, floors, "120: not above 150 yet");
+        cp.ack(1, Effect::Bookmark("150".into()));
+        assert_eq!(cp.take(false).unwrap().floors, floors, "150: at the floor, not above it");
+        cp.ack(2, Effect::Watched { op: IndexOp::Upsert("b".into(), entry("151")), rv: "151".into() });
+        assert!(cp.take(false).unwrap().floors.is_empty(), "151: above both, written without them");
+        cp.ack(3, Effect::Bookmark("152".into()));
+        assert!(cp.take(false).unwrap().floors.is_empty(), "and never again");
     }
 
     #[test]

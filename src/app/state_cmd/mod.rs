@@ -514,6 +514,7 @@ async fn reset(config: &Config, stream: &str, to: ResetTo, force: bool) -> Resul
                 resource_version: Some(rv),
                 acked_ahead: Vec::new(),
                 snapshot: false,
+                floors: Vec::new(),
             }
         }
     };
@@ -625,6 +626,7 @@ async fn import(config: &Config, path: &Path, force: bool, all: bool) -> Result<
                 resource_version: p.resource_version,
                 acked_ahead: p.acked_ahead,
                 snapshot: p.snapshot,
+                floors: p.floors,
             },
         ));
     }

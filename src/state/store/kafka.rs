@@ -175,7 +175,8 @@ impl KafkaStore {
                 records.push(record(object_key(&id, uid), None));
             }
             let p = PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead)
-                .with_snapshot(d.snapshot);
+                .with_snapshot(d.snapshot)
+                .with_floors(&d.floors);
             records.push(record(position_key(&id), Some(p.encode())));
         }
         let bytes: usize = records.iter().map(|r| r.key.len() + r.payload.as_ref().map_or(0, Vec::len)).sum();

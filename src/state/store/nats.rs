@@ -189,7 +189,8 @@ impl NatsStore {
                     position.as_ref().and_then(|p| p.resource_version.as_deref()),
                     position.as_ref().map(|p| p.acked_ahead.as_slice()).unwrap_or(&[]),
                 )
-                .with_snapshot(position.as_ref().is_some_and(|p| p.snapshot));
+                .with_snapshot(position.as_ref().is_some_and(|p| p.snapshot))
+                .with_floors(position.as_ref().map(|p| p.floors.as_slice()).unwrap_or(&[]));
                 let value = Bytes::from(record.encode());
                 let id = key.id();
                 match self
@@ -271,6 +272,7 @@ impl NatsStore {
             let position = Bytes::from(
                 PositionRecord::new(key, &self.owner, d.resource_version.as_deref(), &d.acked_ahead)
                     .with_snapshot(d.snapshot)
+                    .with_floors(&d.floors)
                     .encode(),
             );
             let chunks: Vec<&[(String, Option<Bytes>)]> =

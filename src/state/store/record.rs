@@ -53,6 +53,9 @@ pub struct PositionRecord {
     /// See [`Position::snapshot`].
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub snapshot: bool,
+    /// See [`Position::floors`]: the old shard count's floors, until the position passes them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub floors: Vec<(Shard, u64)>,
 }
 
 impl PositionRecord {
@@ -66,7 +69,13 @@ impl PositionRecord {
             resource_version: rv.map(str::to_string),
             acked_ahead: acked_ahead.to_vec(),
             snapshot: false,
+            floors: Vec::new(),
         }
+    }
+
+    /// With the stream's [`Position::floors`].
+    pub fn with_floors(self, floors: &[(Shard, u64)]) -> Self {
+        Self { floors: floors.to_vec(), ..self }
     }
 
     /// With the stream's [`Position::snapshot`] mark.
@@ -256,7 +265,7 @@ impl<'a> Loader<'a> {
                     acked_ahead: rec.acked_ahead,
                     snapshot: rec.snapshot,
                     adopted_from: None,
-                    floors: Vec::new(),
+                    floors: rec.floors,
                 }),
                 None if objects.is_empty() => None,
                 None => {

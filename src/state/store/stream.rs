@@ -93,4 +93,6 @@ pub struct Delta {
     pub acked_ahead: Vec<(String, String)>,
     /// See [`crate::model::Position::snapshot`].
     pub snapshot: bool,
+    /// See [`crate::model::Position::floors`]: written until the position passes them all.
+    pub floors: Vec<(Shard, u64)>,
 }

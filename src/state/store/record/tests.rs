@@ -237,6 +237,24 @@ fn fold_all_lists_every_shard_of_a_sharded_stream() {
     }
 }
 
+/// A position written with the old shard count's floors (a new count that has not passed them
+/// yet) loads with them: a restart then skips what the old shards delivered, as before it.
+#[test]
+fn the_floors_of_an_adopted_position_are_written_and_loaded_back() {
+    let ours = [key("Deployment").with_shard(Shard::new(0, 4))];
+    let me = owner(3, None);
+    let floors = [(Shard::new(0, 2).unwrap(), 10), (Shard::new(1, 2).unwrap(), 25)];
+    let record = PositionRecord::new(&ours[0], &me, Some("12"), &[]).with_floors(&floors);
+    let mut l = Loader::new("test", &ours, &me);
+    l.apply(&position_key(&ours[0].id()), Some(&record.encode()), 0).unwrap();
+    let p = l.finish().unwrap().remove(0).unwrap();
+    assert_eq!((p.resource_version.as_deref(), p.floors.as_slice()), (Some("12"), &floors[..]));
+    assert!(
+        !String::from_utf8(PositionRecord::new(&ours[0], &me, Some("30"), &[]).encode()).unwrap().contains("floors"),
+        "no floors, no field (the record read by earlier versions is unchanged)"
+    );
+}
+
 fn entry(rv: &str) -> IndexEntry {
     IndexEntry { namespace: Some("shop".into()), name: format!("n{rv}"), resource_version: rv.into() }
 }
