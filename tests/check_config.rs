@@ -732,8 +732,7 @@ fn files_on_storage_that_goes_with_the_pod_are_warned_about() {
     let on_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
         .unwrap()
         .lines()
-        .filter(|l| l.split(' ').nth(4) == Some("/dev/shm"))
-        .last()
+        .rfind(|l| l.split(' ').nth(4) == Some("/dev/shm"))
         .is_some_and(|l| l.contains(" - tmpfs "));
     assert!(on_tmpfs && shm.is_dir(), "this test needs /dev/shm on a tmpfs (as on Linux by default)");
     let config = format!("{GOOD}[checkpoint]\ndir = \"/dev/shm/kubecast-check-config-test/state\"\n");
