@@ -100,16 +100,21 @@ impl Part {
         if value > old {
             self.budget.used.fetch_add(value - old, Ordering::Relaxed);
         } else if value < old {
-            self.budget.used.fetch_sub(old - value, Ordering::Relaxed);
-            // Alone, no other part can be waiting for it.
-            if self.budget.parts() > 1 {
+            let before = self.budget.used.fetch_sub(old - value, Ordering::Relaxed);
+            // Another part waits on this one only for room of the whole bound, and only while
+            // less than its next batch (at most an eighth of the bound) was left: a wake-up
+            // per event given back otherwise would cost every waiting part a turn for nothing.
+            // (Alone, no other part can be waiting.)
+            if self.budget.parts() > 1 && before + (self.budget.total / 8).max(1) > self.budget.total {
                 self.budget.freed.notify_waiters();
             }
         }
     }
 
-    /// Resolves once room may have been given back by another part, or a part left. Created
-    /// before the room is looked at, so a change in between is not missed.
+    /// Resolves once room of the whole bound may have been given back by another part (while
+    /// less than an eighth of it was left), or a part left. Created before the room is looked
+    /// at, so a change in between is not missed. A part that waits for room of its own share
+    /// is woken by its own work.
     pub fn freed(&self) -> tokio::sync::futures::Notified<'_> {
         self.budget.freed.notified()
     }
@@ -200,6 +205,11 @@ mod tests {
         let freed = q.freed();
         p.set(3);
         tokio::time::timeout(std::time::Duration::from_secs(5), freed).await.expect("woken when room is given back");
+        // Far from full: giving more back wakes nobody (a part waiting for the whole bound
+        // would have had room already).
+        let mut freed = Box::pin(q.freed());
+        p.set(1);
+        assert!(futures::poll!(freed.as_mut()).is_pending(), "no wake-up while the whole bound has room");
         let freed = q.freed();
         drop(p);
         tokio::time::timeout(std::time::Duration::from_secs(5), freed).await.expect("woken when a part leaves");

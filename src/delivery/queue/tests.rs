@@ -480,9 +480,11 @@ async fn the_queues_of_a_processs_shards_share_its_capacity() {
         h.take().unwrap().send(Ok(())).unwrap();
     }
     settle().await;
-    assert_eq!(a.stub.in_flight(), 16, "the first, up to its new share");
-    assert_eq!(b.stub.in_flight(), 16, "the second, woken by the room given back");
-    assert_eq!(capacity.used(), 32);
+    // Each takes jobs in batches of 2 (an eighth of its share): up to its share, or one less.
+    let (in_a, in_b) = (a.stub.in_flight(), b.stub.in_flight());
+    assert!((15..=16).contains(&in_a), "the first, up to its new share: {in_a}");
+    assert!((15..=16).contains(&in_b), "the second, woken by the room given back: {in_b}");
+    assert_eq!(capacity.used(), in_a + in_b);
     assert!(a.stub.max_in_flight() <= 32 && a.stub.in_flight() + b.stub.in_flight() <= 33);
 
     // The second delivers everything and leaves: the first has the whole capacity again.
