@@ -72,6 +72,13 @@ fn reach_fix(msg: &str) -> Option<&'static str> {
 /// so does a broker that cannot be reached. Warnings and errors that repeat are logged once
 /// per [`REPEAT_WINDOW`], with the count of those left out.
 pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
+    log_for(None, level, fac, msg);
+}
+
+/// [`log`] with a `client` field naming the client the line is from (a transactional
+/// producer's `transactional.id`): librdkafka's lines do not say which of the process's
+/// clients wrote them, and each shard has its own transactional producer.
+pub(super) fn log_for(client: Option<&str>, level: RDKafkaLogLevel, fac: &str, msg: &str) {
     let fix = super::security::fix_for(msg).or_else(|| reach_fix(msg));
     let serious = matches!(
         level,
@@ -95,17 +102,17 @@ pub(super) fn log(level: RDKafkaLogLevel, fac: &str, msg: &str) {
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error,
             Some(fix),
         ) => {
-            error!(target: "kubecast::kafka", facility = fac, fix, "{msg}")
+            error!(target: "kubecast::kafka", client, facility = fac, fix, "{msg}")
         }
         (
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error,
             None,
         ) => {
-            error!(target: "kubecast::kafka", facility = fac, "{msg}")
+            error!(target: "kubecast::kafka", client, facility = fac, "{msg}")
         }
-        (RDKafkaLogLevel::Warning, Some(fix)) => warn!(target: "kubecast::kafka", facility = fac, fix, "{msg}"),
-        (RDKafkaLogLevel::Warning, None) => warn!(target: "kubecast::kafka", facility = fac, "{msg}"),
-        _ => debug!(target: "kubecast::kafka", facility = fac, "{msg}"),
+        (RDKafkaLogLevel::Warning, Some(fix)) => warn!(target: "kubecast::kafka", client, facility = fac, fix, "{msg}"),
+        (RDKafkaLogLevel::Warning, None) => warn!(target: "kubecast::kafka", client, facility = fac, "{msg}"),
+        _ => debug!(target: "kubecast::kafka", client, facility = fac, "{msg}"),
     }
 }
 

@@ -15,7 +15,10 @@
 //!   the transaction need not be aborted). It is neither aborted nor produced again: the next
 //!   commit calls `commit_transaction` again first (librdkafka resumes it), and only then
 //!   begins the next transaction. Events sent meanwhile are only kept. If librdkafka says the
-//!   transaction must be aborted after all, it goes to `MustAbort` with every kept event.
+//!   transaction must be aborted after all, it goes to `MustAbort` with every kept event. If
+//!   its commit never gets past the flush (librdkafka keeps the records queued after a broker
+//!   pause) or its abort never finishes, for longer than `transaction.timeout.ms`, a new
+//!   producer takes the `transactional.id` over and sends the kept events again (`replace.rs`).
 //! - `Abandoned`: an event was sent into the open transaction but the queue stopped before
 //!   acknowledging it (the [`Gate`] is broken): no state covers it, so the transaction is
 //!   aborted and nothing more is committed by this process; the restart sends everything
@@ -62,13 +65,14 @@ use error::classify;
 pub use record::Record;
 use record::{produce, produce_blocking};
 pub use take_over::OwnerCheck;
-use take_over::{may_take_over_again, new_producer};
+use take_over::new_producer;
 
 mod abandon;
 mod context;
 mod error;
 mod record;
 mod refused;
+mod replace;
 mod take_over;
 
 /// How long one transactional call may take.
@@ -112,6 +116,10 @@ struct Inner {
     events: Vec<Record>,
     /// `Committing`: how many of `events` are in the transaction being committed.
     committing: usize,
+    /// `commit_transaction` reached librdkafka's commit for the open transaction (its flush
+    /// did not time out): the broker may be committing it, so it is never given up to a new
+    /// producer (see `replace.rs`).
+    end_txn_sent: bool,
     event_bytes: usize,
     /// An early commit was asked for this transaction already (once: a notification per event
     /// past the bound would leave a permit that commits the next, nearly empty, one at once).
@@ -201,6 +209,7 @@ impl Transaction {
                 first_record: None,
                 events: Vec::new(),
                 committing: 0,
+                end_txn_sent: false,
                 event_bytes: 0,
                 asked_early: false,
                 limits: Uncommitted::default(),
@@ -412,6 +421,7 @@ impl Transaction {
         }
         let mut result = match self.commit_locked(&mut inner, records) {
             Err(TxnError::Fenced(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
+            Err(e @ TxnError::Retriable(_)) => Err(self.replace_if_stuck(&mut inner, e)),
             other => other,
         };
         let events = inner.events.len();
@@ -463,44 +473,6 @@ impl Transaction {
         }
     }
 
-    /// `commit` failed with the fatal `why`: takes the `transactional.id` over again if the
-    /// broker's timeout fenced this producer and this process still owns the state, else
-    /// returns the fatal error. Retriable when taken over (the caller writes again).
-    fn take_over_again(&self, inner: &mut Inner, why: String) -> TxnError {
-        // No record in it: the broker had no transaction to abort for its age, so the fence
-        // came from another producer of the transactional.id.
-        let age = inner.first_record.map_or(Duration::ZERO, |t| t.elapsed());
-        let owner = self.owner.lock().expect("owner lock").clone();
-        if let Err(not) = may_take_over_again(age, self.timeout, owner.as_ref()) {
-            return TxnError::Fenced(format!("{why}{not}"));
-        }
-        warn!(
-            error = %why,
-            open_seconds = age.as_secs(),
-            events = inner.events.len(),
-            "{}: the broker aborted the transaction after transaction.timeout.ms and fenced this producer; this process still owns the state, so a new producer takes the transactional.id over and the events are sent again",
-            self.what
-        );
-        let producer = match new_producer(&self.config, &self.what, &self.connected, &self.poison) {
-            Ok(p) => p,
-            // Still the old, dead producer: the next commit comes here again.
-            Err(e) => return e,
-        };
-        inner.producer = OffWorker::new(producer);
-        outcome("taken_over");
-        inner.state = State::Idle;
-        inner.first_record = None;
-        inner.committing = 0;
-        if self.exactly_once
-            && let Err(e) = self.reopen(inner)
-        {
-            return e;
-        }
-        TxnError::Retriable(format!(
-            "{why}; the broker had aborted the transaction after transaction.timeout.ms: taken over again, its events are sent again"
-        ))
-    }
-
     /// The first `n` events (and the state records with them) are committed.
     fn committed(&self, inner: &mut Inner, n: usize) {
         outcome("committed");
@@ -523,6 +495,8 @@ impl Transaction {
     /// first: a flush that timed out left the transaction whole and open, so it is committed
     /// again too.
     fn commit_failed(&self, inner: &mut Inner, e: &KafkaError) -> TxnError {
+        // The wrapper's flush comes before librdkafka's commit: past it, `EndTxn` may be sent.
+        inner.end_txn_sent |= !matches!(e, KafkaError::Flush(_));
         let err = self.failure(e);
         let again = match e {
             KafkaError::Transaction(t) => t.is_retriable() && !t.txn_requires_abort(),
@@ -584,6 +558,7 @@ impl Transaction {
     fn reopen(&self, inner: &mut Inner) -> Result<(), TxnError> {
         inner.producer.begin_transaction().map_err(|e| classify(&self.what, &e))?;
         inner.state = State::Open;
+        inner.end_txn_sent = false;
         // Kept events keep the aborted transaction's age: the broker may fence for it.
         inner.first_record = if inner.events.is_empty() { None } else { inner.first_record.or(Some(Instant::now())) };
         if !inner.events.is_empty() {

@@ -25,13 +25,15 @@ pub struct Rejected {
 
 /// Logs librdkafka's messages and keeps the first record rejected for good.
 pub struct TxnContext {
+    /// The `transactional.id`, on librdkafka's log lines.
+    pub(super) id: String,
     pub(super) connected: Arc<AtomicBool>,
     pub(super) poison: Arc<Mutex<Option<Rejected>>>,
 }
 
 impl ClientContext for TxnContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
-        super::super::logging::log(level, fac, msg);
+        super::super::logging::log_for(Some(&self.id), level, fac, msg);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -44,6 +44,31 @@ pub(super) fn may_take_over_again(age: Duration, timeout: Duration, owner: Optio
     }
 }
 
+/// `Ok` when a transaction open for `age` whose commit keeps failing may be given up to a new
+/// producer: it is past `timeout` (the broker aborts a transaction that old by itself),
+/// `abortable` (its commit was never asked of the broker: `EndTxn` not sent, or it must be
+/// aborted anyway), and `owner` says this process still owns the state; else why not.
+pub(super) fn may_replace_stuck(
+    age: Duration,
+    timeout: Duration,
+    abortable: bool,
+    owner: Option<&OwnerCheck>,
+) -> Result<(), &'static str> {
+    if !abortable {
+        // The broker may be committing it: a new producer would let it finish, and sending
+        // its events again would double them.
+        return Err("its commit may have reached the broker");
+    }
+    if age < timeout {
+        return Err("younger than transaction.timeout.ms");
+    }
+    match owner {
+        Some(owner) if owner() => Ok(()),
+        Some(_) => Err("this process no longer holds the Lease"),
+        None => Err("never taken over by this process"),
+    }
+}
+
 /// A transactional producer that took the `transactional.id` over (`init_transactions`).
 /// Blocking.
 pub(super) fn new_producer(
@@ -53,7 +78,11 @@ pub(super) fn new_producer(
     poison: &Arc<Mutex<Option<super::context::Rejected>>>,
 ) -> Result<ThreadedProducer<TxnContext>, TxnError> {
     let producer: ThreadedProducer<TxnContext> = config
-        .create_with_context(TxnContext { connected: connected.clone(), poison: poison.clone() })
+        .create_with_context(TxnContext {
+            id: config.get("transactional.id").unwrap_or_default().to_string(),
+            connected: connected.clone(),
+            poison: poison.clone(),
+        })
         .map_err(|e| TxnError::Retriable(format!("{what}: {}", describe(&e))))?;
     producer.init_transactions(INIT_TIMEOUT).map_err(|e| classify(what, &e))?;
     Ok(producer)
@@ -77,5 +106,18 @@ mod tests {
         assert!(lost.contains("no longer holds the Lease"), "{lost}");
         // Never allowed (no owner check set): stays fatal.
         assert_eq!(may_take_over_again(old, TIMEOUT, None), Err(String::new()));
+    }
+
+    #[test]
+    fn only_a_stuck_transaction_past_its_timeout_never_committed_whose_process_owns_the_state_is_replaced() {
+        let yes: OwnerCheck = Arc::new(|| true);
+        let no: OwnerCheck = Arc::new(|| false);
+        let old = Duration::from_secs(61);
+        assert_eq!(may_replace_stuck(old, TIMEOUT, true, Some(&yes)), Ok(()));
+        assert!(may_replace_stuck(Duration::from_secs(59), TIMEOUT, true, Some(&yes)).is_err());
+        // Its commit may be with the broker: replacing could commit it and send it again.
+        assert!(may_replace_stuck(old, TIMEOUT, false, Some(&yes)).is_err());
+        assert!(may_replace_stuck(old, TIMEOUT, true, Some(&no)).is_err());
+        assert!(may_replace_stuck(old, TIMEOUT, true, None).is_err());
     }
 }
