@@ -62,6 +62,7 @@ use crate::observe::metrics::{self, GaugeShare};
 pub use context::TxnContext;
 pub use error::TxnError;
 use error::classify;
+use rebootstrap::rebootstrap_soon;
 pub use record::Record;
 use record::{produce, produce_blocking};
 pub use take_over::OwnerCheck;
@@ -70,6 +71,7 @@ use take_over::new_producer;
 mod abandon;
 mod context;
 mod error;
+mod rebootstrap;
 mod record;
 mod refused;
 mod replace;
@@ -191,6 +193,7 @@ impl Transaction {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("transaction.timeout.ms", timeout.as_millis().to_string());
+        rebootstrap_soon(&mut config);
         config.set_log_level(super::logging::log_level(&config));
         let max_record = config.get("message.max.bytes").and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
         let poison = Arc::default();
