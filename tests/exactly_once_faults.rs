@@ -26,7 +26,7 @@ use common::{Kubecast, TestNamespace, client};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams};
-use kubecast::sink::kafka::transaction::{Limits, Record, Transaction};
+use kubecast::sink::kafka::transaction::{Limits, Record, Transaction, Uncommitted};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
@@ -345,7 +345,7 @@ async fn a_send_waiting_for_room_does_not_hold_up_the_commit_that_frees_it() {
         .unwrap()
         .expect("init_transactions");
     let txn = Arc::new(txn);
-    txn.limit(Limits { events: 3, bytes: 1 << 20 });
+    txn.limit(Uncommitted::alone(Limits { events: 3, bytes: 1 << 20 }));
     let topic = common::unique("eos-room");
     let record = |i: usize| Record {
         topic: topic.clone(),
