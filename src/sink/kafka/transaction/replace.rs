@@ -4,12 +4,12 @@
 //! ([`Transaction::replace_if_stuck`]).
 //!
 //! Stuck: after a broker pause, librdkafka can keep the transaction's records queued without
-//! ever sending them (seen with librdkafka 2.12 when the KRaft broker, fenced by its controller
-//! at the resume, leaves the metadata and comes back: the producer drops its connection and
-//! re-bootstraps), so every commit times out in its flush, for minutes, while the broker
-//! answers everyone else. The transaction can only be aborted by then: its commit was never
-//! asked of the broker (`EndTxn` not sent), and the broker aborts a transaction that old by
-//! itself. A new producer's `init_transactions` aborts what the old one left open and fences
+//! sending them, so every commit times out in its flush while the broker answers everyone
+//! else (seen with librdkafka 2.12: a KRaft broker fenced by its controller at the resume
+//! leaves the metadata, and the producer, left without any broker, waits minutes before it
+//! re-bootstraps; `rebootstrap.rs` shortens that wait, this bounds what is left). Past
+//! `transaction.timeout.ms` the transaction can only be aborted: its commit was never asked
+//! of the broker (`EndTxn` not sent), and the broker aborts a transaction that old by itself. A new producer's `init_transactions` aborts what the old one left open and fences
 //! it; the kept events are produced again in a new transaction, so nothing of the stuck one is
 //! committed, nothing is lost or doubled, and no state record passes an event not committed.
 
