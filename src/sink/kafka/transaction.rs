@@ -424,7 +424,7 @@ impl Transaction {
         }
         let mut result = match self.commit_locked(&mut inner, records) {
             Err(TxnError::Fenced(why)) if inner.state != State::Abandoned => Err(self.take_over_again(&mut inner, why)),
-            Err(e @ TxnError::Retriable(_)) => Err(self.replace_if_stuck(&mut inner, e)),
+            Err(e @ TxnError::Retriable(_)) => Err(self.recover(&mut inner, e)),
             other => other,
         };
         let events = inner.events.len();

@@ -1,19 +1,30 @@
-//! How soon the transactional producer starts over from `bootstrap.servers` when it knows no
-//! broker it can reach.
+//! The transactional producer left without any broker it can reach, and how it finds one
+//! again.
 //!
 //! A KRaft broker paused or cut off longer than its session with the controller is fenced when
 //! it comes back: for a moment its metadata lists no broker (itself included) and no partition
-//! leader. librdkafka 2.12 then drops the broker it knew (it is not in the metadata), and when
-//! that broker had already been reported down during the outage it starts no re-bootstrap at
-//! once: the producer knows no broker, cannot find the transaction coordinator ("No brokers
-//! available for Transactions") nor the partitions' leaders, and waits for
-//! `metadata.recovery.rebootstrap.trigger.ms` (5 minutes by default) while the broker answers
-//! everyone else. Every commit times out meanwhile, in its flush or in `EndTxn`, and `/readyz`
-//! says no commit succeeded. A trigger well below the commit alarm (30 s) lets the producer
-//! find the broker again within seconds; while the brokers are really away it only
-//! re-bootstraps now and then, which costs a DNS look-up.
+//! leader. librdkafka 2.12 then drops the broker it knew, as one that left the cluster. When
+//! that broker had already been reported down during the outage, and no request was in flight
+//! to it, no re-bootstrap starts: the producer knows no broker at all ("No brokers available
+//! for Transactions"), finds neither the transaction coordinator nor the partitions' leaders,
+//! and skips every metadata refresh ("no usable brokers"), so even
+//! `metadata.recovery.rebootstrap.trigger.ms` never fires. Every commit then times out, in its
+//! flush or waiting for `EndTxn`, for as long as the process runs, while the broker answers
+//! everyone else.
+//!
+//! kubecast gives it `bootstrap.servers` again ([`add_bootstrap_brokers`], librdkafka's
+//! `rd_kafka_brokers_add`) after a commit that failed while the producer reported all its
+//! brokers down; its next leader or coordinator query connects there, and the commit resumes
+//! where it stopped (same producer, same transaction: nothing sent twice). The re-bootstrap
+//! trigger is shortened too ([`rebootstrap_soon`]), for an outage during which metadata
+//! requests are still sent but never answered.
+
+use std::ffi::CString;
 
 use rdkafka::ClientConfig;
+use rdkafka::producer::{Producer, ThreadedProducer};
+
+use super::context::TxnContext;
 
 /// The property, and its value unless `[sink.kafka.properties]` sets it.
 const PROPERTY: &str = "metadata.recovery.rebootstrap.trigger.ms";
@@ -26,8 +37,23 @@ pub(super) fn rebootstrap_soon(config: &mut ClientConfig) {
     }
 }
 
+/// Adds `config`'s `bootstrap.servers` to `producer`'s brokers (one already known as a
+/// bootstrap broker is kept as it is; a broker learned from metadata gets a bootstrap twin,
+/// dropped again at the next metadata): how many it now has of them.
+pub(super) fn add_bootstrap_brokers(producer: &ThreadedProducer<TxnContext>, config: &ClientConfig) -> usize {
+    let Some(list) = config.get("bootstrap.servers").and_then(|b| CString::new(b).ok()) else {
+        return 0;
+    };
+    // SAFETY: the client handle is valid while `producer` lives; librdkafka copies the
+    // NUL-terminated list and takes its own lock (callable from any thread).
+    let added = unsafe { rdkafka::bindings::rd_kafka_brokers_add(producer.client().native_ptr(), list.as_ptr()) };
+    usize::try_from(added).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     #[test]
@@ -39,5 +65,16 @@ mod tests {
         c.set(PROPERTY, "60000");
         rebootstrap_soon(&mut c);
         assert_eq!(c.get(PROPERTY), Some("60000"), "the operator's value stays");
+    }
+
+    #[test]
+    fn the_bootstrap_servers_are_added_again() {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", "127.0.0.1:1,127.0.0.1:2");
+        let producer: ThreadedProducer<TxnContext> = c
+            .create_with_context(TxnContext { id: "t".into(), connected: Arc::default(), poison: Arc::default() })
+            .expect("a producer");
+        assert_eq!(add_bootstrap_brokers(&producer, &c), 2, "both, already known: kept");
+        assert_eq!(add_bootstrap_brokers(&producer, &ClientConfig::new()), 0, "no bootstrap.servers");
     }
 }

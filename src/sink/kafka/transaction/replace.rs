@@ -13,12 +13,14 @@
 //! it; the kept events are produced again in a new transaction, so nothing of the stuck one is
 //! committed, nothing is lost or doubled, and no state record passes an event not committed.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tracing::warn;
 
 use super::super::off_worker::OffWorker;
 use super::error::TxnError;
+use super::rebootstrap::add_bootstrap_brokers;
 use super::take_over::{may_replace_stuck, may_take_over_again, new_producer};
 use super::{Inner, State, Transaction, outcome};
 
@@ -49,11 +51,28 @@ impl Transaction {
         ))
     }
 
+    /// `commit` failed with the retriable `err` (returned, or why a new producer failed): a
+    /// producer that reports all its brokers down gets `bootstrap.servers` again (librdkafka
+    /// can be left without any broker, see `rebootstrap.rs`); a stuck transaction is given up
+    /// to a new producer ([`Transaction::replace_if_stuck`]).
+    pub(super) fn recover(&self, inner: &mut Inner, err: TxnError) -> TxnError {
+        if !self.connected.load(Ordering::Relaxed) {
+            let brokers = add_bootstrap_brokers(&inner.producer, &self.config);
+            warn!(
+                error = %err,
+                brokers,
+                "{}: the commit failed while the producer reported all its brokers down; it is given bootstrap.servers again (librdkafka can be left without any broker after one was fenced)",
+                self.what
+            );
+        }
+        self.replace_if_stuck(inner, err)
+    }
+
     /// `commit` failed with the retriable `err`: if the transaction is stuck (its commit or its
     /// abort has not reached the broker, and it is open longer than `transaction.timeout.ms`)
     /// and this process still owns the state, a new producer takes the `transactional.id`
     /// over and the events are sent again; `err` is returned either way (nothing committed).
-    pub(super) fn replace_if_stuck(&self, inner: &mut Inner, err: TxnError) -> TxnError {
+    fn replace_if_stuck(&self, inner: &mut Inner, err: TxnError) -> TxnError {
         let must_abort = match inner.state {
             State::Committing => false,
             State::MustAbort => true,
@@ -68,7 +87,7 @@ impl Transaction {
             error = %err,
             open_seconds = age.as_secs(),
             events = inner.events.len(),
-            connected = self.connected.load(std::sync::atomic::Ordering::Relaxed),
+            connected = self.connected.load(Ordering::Relaxed),
             "{}: the transaction could not reach the broker for longer than transaction.timeout.ms (librdkafka keeps its records queued); nothing of it was committed, so a new producer takes the transactional.id over (the broker aborts the old transaction) and the events are sent again",
             self.what
         );
