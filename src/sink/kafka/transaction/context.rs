@@ -29,11 +29,31 @@ pub struct TxnContext {
     pub(super) id: String,
     pub(super) connected: Arc<AtomicBool>,
     pub(super) poison: Arc<Mutex<Option<Rejected>>>,
+    /// librdkafka's last statistics listed a broker to talk to (one learned from metadata or
+    /// configured): false when it dropped every one (see `rebootstrap.rs`). True until the
+    /// first statistics.
+    pub(super) knows_a_broker: AtomicBool,
+}
+
+impl TxnContext {
+    pub(super) fn new(id: String, connected: Arc<AtomicBool>, poison: Arc<Mutex<Option<Rejected>>>) -> Self {
+        Self { id, connected, poison, knows_a_broker: AtomicBool::new(true) }
+    }
+
+    /// Whether librdkafka still knows a broker to talk to.
+    pub(super) fn knows_a_broker(&self) -> bool {
+        self.knows_a_broker.load(Ordering::Relaxed)
+    }
 }
 
 impl ClientContext for TxnContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, msg: &str) {
         super::super::logging::log_for(Some(&self.id), level, fac, msg);
+    }
+
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let known = statistics.brokers.values().any(|b| matches!(b.source.as_str(), "learned" | "configured"));
+        self.knows_a_broker.store(known, Ordering::Relaxed);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

@@ -13,9 +13,10 @@
 //! everyone else.
 //!
 //! kubecast gives it `bootstrap.servers` again ([`add_bootstrap_brokers`], librdkafka's
-//! `rd_kafka_brokers_add`) after a commit that failed while the producer reported all its
-//! brokers down; its next leader or coordinator query connects there, and the commit resumes
-//! where it stopped (same producer, same transaction: nothing sent twice). The re-bootstrap
+//! `rd_kafka_brokers_add`) after a commit that failed while librdkafka's statistics list no
+//! broker; its next leader or coordinator query connects there, and the commit resumes where
+//! it stopped (same producer, same transaction: nothing sent twice). Only then: with a broker
+//! known (down or not), librdkafka would add a twin of it at each call. The re-bootstrap
 //! trigger is shortened too ([`rebootstrap_soon`]), for an outage during which metadata
 //! requests are still sent but never answered.
 
@@ -30,10 +31,18 @@ use super::context::TxnContext;
 const PROPERTY: &str = "metadata.recovery.rebootstrap.trigger.ms";
 const TRIGGER_MS: u32 = 10_000;
 
-/// Sets a short re-bootstrap trigger on `config`, unless the operator set one.
+/// How often librdkafka reports its brokers (`statistics.interval.ms`), unless the operator
+/// set it: how the producer left without any is seen ([`TxnContext::knows_a_broker`]).
+const STATISTICS_MS: u32 = 5_000;
+
+/// Sets a short re-bootstrap trigger and the statistics on `config`, unless the operator set
+/// them.
 pub(super) fn rebootstrap_soon(config: &mut ClientConfig) {
     if config.get(PROPERTY).is_none() {
         config.set(PROPERTY, TRIGGER_MS.to_string());
+    }
+    if config.get("statistics.interval.ms").is_none() {
+        config.set("statistics.interval.ms", STATISTICS_MS.to_string());
     }
 }
 
@@ -61,6 +70,7 @@ mod tests {
         let mut c = ClientConfig::new();
         rebootstrap_soon(&mut c);
         assert_eq!(c.get(PROPERTY), Some("10000"));
+        assert_eq!(c.get("statistics.interval.ms"), Some("5000"));
         let mut c = ClientConfig::new();
         c.set(PROPERTY, "60000");
         rebootstrap_soon(&mut c);
@@ -71,10 +81,23 @@ mod tests {
     fn the_bootstrap_servers_are_added_again() {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", "127.0.0.1:1,127.0.0.1:2");
-        let producer: ThreadedProducer<TxnContext> = c
-            .create_with_context(TxnContext { id: "t".into(), connected: Arc::default(), poison: Arc::default() })
-            .expect("a producer");
+        let producer: ThreadedProducer<TxnContext> =
+            c.create_with_context(TxnContext::new("t".into(), Arc::default(), Arc::default())).expect("a producer");
         assert_eq!(add_bootstrap_brokers(&producer, &c), 2, "both, already known: kept");
         assert_eq!(add_bootstrap_brokers(&producer, &ClientConfig::new()), 0, "no bootstrap.servers");
+    }
+
+    #[test]
+    fn the_statistics_say_whether_a_broker_is_known() {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", "127.0.0.1:1").set("statistics.interval.ms", "100");
+        let producer: ThreadedProducer<TxnContext> =
+            c.create_with_context(TxnContext::new("t".into(), Arc::default(), Arc::default())).expect("a producer");
+        producer.context().knows_a_broker.store(false, std::sync::atomic::Ordering::Relaxed);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !producer.context().knows_a_broker() {
+            assert!(std::time::Instant::now() < deadline, "the statistics list the configured broker");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
 }

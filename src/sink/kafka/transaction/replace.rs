@@ -16,6 +16,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use rdkafka::producer::Producer;
 use tracing::warn;
 
 use super::super::off_worker::OffWorker;
@@ -52,16 +53,16 @@ impl Transaction {
     }
 
     /// `commit` failed with the retriable `err` (returned, or why a new producer failed): a
-    /// producer that reports all its brokers down gets `bootstrap.servers` again (librdkafka
+    /// producer that knows no broker any more gets `bootstrap.servers` again (librdkafka
     /// can be left without any broker, see `rebootstrap.rs`); a stuck transaction is given up
     /// to a new producer ([`Transaction::replace_if_stuck`]).
     pub(super) fn recover(&self, inner: &mut Inner, err: TxnError) -> TxnError {
-        if !self.connected.load(Ordering::Relaxed) {
+        if !inner.producer.context().knows_a_broker() {
             let brokers = add_bootstrap_brokers(&inner.producer, &self.config);
             warn!(
                 error = %err,
                 brokers,
-                "{}: the commit failed while the producer reported all its brokers down; it is given bootstrap.servers again (librdkafka can be left without any broker after one was fenced)",
+                "{}: the commit failed while the producer knew no broker; it is given bootstrap.servers again (librdkafka can be left without any broker after one was fenced)",
                 self.what
             );
         }

@@ -78,11 +78,11 @@ pub(super) fn new_producer(
     poison: &Arc<Mutex<Option<super::context::Rejected>>>,
 ) -> Result<ThreadedProducer<TxnContext>, TxnError> {
     let producer: ThreadedProducer<TxnContext> = config
-        .create_with_context(TxnContext {
-            id: config.get("transactional.id").unwrap_or_default().to_string(),
-            connected: connected.clone(),
-            poison: poison.clone(),
-        })
+        .create_with_context(TxnContext::new(
+            config.get("transactional.id").unwrap_or_default().to_string(),
+            connected.clone(),
+            poison.clone(),
+        ))
         .map_err(|e| TxnError::Retriable(format!("{what}: {}", describe(&e))))?;
     producer.init_transactions(INIT_TIMEOUT).map_err(|e| classify(what, &e))?;
     Ok(producer)
