@@ -6,11 +6,12 @@
 //! Stuck: after a broker pause, librdkafka can keep the transaction's records queued without
 //! sending them, so every commit times out in its flush while the broker answers everyone
 //! else (seen with librdkafka 2.12: a KRaft broker fenced by its controller at the resume
-//! leaves the metadata, and the producer, left without any broker, waits minutes before it
-//! re-bootstraps; `rebootstrap.rs` shortens that wait, this bounds what is left). Past
+//! leaves the metadata, and the producer is left without any broker; `rebootstrap.rs` gives
+//! it its brokers back, this bounds whatever else keeps a flush from finishing). Past
 //! `transaction.timeout.ms` the transaction can only be aborted: its commit was never asked
-//! of the broker (`EndTxn` not sent), and the broker aborts a transaction that old by itself. A new producer's `init_transactions` aborts what the old one left open and fences
-//! it; the kept events are produced again in a new transaction, so nothing of the stuck one is
+//! of the broker (`EndTxn` not sent), and the broker aborts a transaction that old by itself.
+//! A new producer's `init_transactions` aborts what the old one left open and fences it; the
+//! kept events are produced again in a new transaction, so nothing of the stuck one is
 //! committed, nothing is lost or doubled, and no state record passes an event not committed.
 
 use std::sync::atomic::Ordering;
