@@ -343,7 +343,8 @@ async fn kafka_install_upgrade_delete_drain_and_crash_lose_nothing() {
     // The leader's identity in the Lease: its pod's name and uid (what a replacement of the
     // same name, or a replica given the same configured identity, does not share).
     let uid = kubectl(&["-n", &r.ns.name, "get", "pod", &leader, "-o", "jsonpath={.metadata.uid}"]);
-    let holders = kubectl(&["-n", &r.ns.name, "get", "leases", "-o", "jsonpath={.items[*].spec.holderIdentity}"]);
+    // The release's Lease (`kubecast`), not the replicas' member Leases (each names its own).
+    let holders = kubectl(&["-n", &r.ns.name, "get", "lease", "kubecast", "-o", "jsonpath={.spec.holderIdentity}"]);
     let identity = format!("{leader}-{}", uid.trim().replace('-', "").get(..8).expect("a pod uid"));
     // (`-<pid>` follows where kubecast is not the container's first process.)
     let held_as = |h: &str| h.strip_prefix(&identity).is_some_and(|r| r.is_empty() || r.starts_with('-'));

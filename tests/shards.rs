@@ -348,9 +348,10 @@ async fn wait_change(kc: &mut Kubecast, ns: &str, name: &str, verb: &str, v: Opt
 }
 
 /// The count changes while replicas run, as a `helm upgrade` of `coordination.shards` (or a
-/// rollback) does: 2 shards, then a replica of 3 joins (the 2-shard one gives every shard up
-/// and takes none; the new one waits for them, then resumes from their positions), then 1
-/// (no shards). Each count after the first resumes by a relist-diff against the positions the
+/// rollback) does when the pods roll: 2 shards, then a replica of 3 joins (the 2-shard one
+/// gives every shard up and takes none; the new one waits for them, then resumes from their
+/// positions), then 1 (no shards) the same way while the replica of 3 runs, then 2 again
+/// while the unsharded one runs. Each count after the first resumes by a relist-diff against the positions the
 /// last count wrote: the changes made during the handover arrive, deletes included, and the
 /// objects that did not change are not sent again (no snapshot).
 #[tokio::test(flavor = "multi_thread")]
@@ -426,13 +427,18 @@ async fn change_the_count(store: Store) {
         );
     }
     assert!(a.stop().success(), "{}", a.log());
-    assert!(b.stop().success(), "{}", b.log());
 
-    // Back to no shards, from the 3 shards' positions.
-    api.patch("static-1", &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}}))).await.unwrap();
+    // Back to no shards, from the 3 shards' positions, while the replica of 3 runs (pods
+    // rolled without the chart's `Recreate`): the unsharded replica takes part in the group
+    // too. It waits for the 3 shards' Leases; the replica of 3 gives them up.
     let unsharded = common::lease_cm_config(&ns.name, &lease);
     let mut c = Kubecast::start_with_checkpoint(&unsharded, &checkpoint, &[]);
+    c.wait_log("not taking the lease: the shard count is changing", 1).await;
+    b.wait_log("giving every shard up: another shard count takes over", 1).await;
+    api.patch("static-1", &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}}))).await.unwrap();
     wait_change(&mut c, &ns.name, "static-1", "modified", Some("2")).await;
+    assert!(held(&mut b).await.is_empty(), "the replica of 3 holds nothing once the unsharded one runs");
+    b.wait_ready_reason("the shard count is changing").await;
     create_cm(&client, &ns.name, "z", json!({}), json!({"v": "1"})).await;
     wait_change(&mut c, &ns.name, "z", "added", None).await;
     for name in ["x", "y", "static-2", "static-3"] {
@@ -443,7 +449,29 @@ async fn change_the_count(store: Store) {
             common::pretty(&c.events())
         );
     }
+    assert!(b.stop().success(), "{}", b.log());
+
+    // And from no shards to 2, the unsharded replica running: it gives its Lease up (drained,
+    // its positions written) and stands aside, not ready; the new one resumes from there.
+    let (two, _) = sharded(&ns.name, &lease, 2, &state);
+    let mut d = Kubecast::start_with_checkpoint(&two, &checkpoint, &[]);
+    c.wait_log("giving the lease up: another shard count takes over", 1).await;
+    api.patch("static-2", &PatchParams::default(), &Patch::Merge(&json!({"data": {"v": "2"}}))).await.unwrap();
+    wait_spread(&mut [&mut d], 2, &[2], "2 shards on the new replica").await;
+    wait_change(&mut d, &ns.name, "static-2", "modified", Some("2")).await;
+    c.wait_ready_reason("the shard count is changing").await;
+    assert!(c.exited().is_none(), "the replica without shards stands aside until stopped:\n{}", c.log());
+    assert!(d.log().contains("resuming from its positions"), "{}", d.log());
+    for name in ["z", "static-3", "static-4"] {
+        let s = format!("{}/{name}", ns.name);
+        assert!(
+            common::about(&d.events(), &s).is_empty(),
+            "{name} did not change: not sent again\n{}",
+            common::pretty(&d.events())
+        );
+    }
     assert!(c.stop().success(), "{}", c.log());
+    assert!(d.stop().success(), "{}", d.log());
 }
 
 /// `kubecast state reset` and `import` keep unsharded state: with shards they refuse, naming

@@ -12,6 +12,7 @@ use tracing::{debug, error, info, warn};
 
 use super::error::RunError;
 use super::runtime;
+use crate::coordination::count_guard::{CountGuard, Seen};
 use crate::coordination::lease::{Attempt, CoordinationConfig, Elector};
 use crate::observe::health::Health;
 use crate::source::client::{self, ClusterConfig};
@@ -20,16 +21,50 @@ use crate::source::client::{self, ClusterConfig};
 /// `/readyz` says who holds it. A standby tries every retry period, and at once when its
 /// watch on the Lease shows it given up (a clean stop of the holder), so a handover does not
 /// wait for the next retry.
+///
+/// With `guard` (no shards), it takes the Lease only while no change of the shard count asks
+/// it not to (see [`CountGuard`]); not ready meanwhile.
 pub async fn wait_for_lease(
     elector: &mut Elector,
     cfg: &CoordinationConfig,
     health: &Health,
+    mut guard: Option<&mut CountGuard>,
     cancel: &CancellationToken,
 ) -> Result<Option<i32>, RunError> {
     let retry = Duration::from_secs(cfg.retry_period_seconds.into());
     let mut last_holder = None;
+    let mut last_seen = None;
     let mut watch = elector.watch();
     loop {
+        if let Some(guard) = guard.as_deref_mut() {
+            let seen = tokio::select! {
+                _ = cancel.cancelled() => return Ok(None),
+                seen = guard.look() => seen,
+            };
+            let changed = last_seen.as_ref() != Some(&seen);
+            match &seen {
+                Seen::Change(change) => {
+                    let reason = change.reason(1);
+                    if changed {
+                        warn!(reason = %reason, "not taking the lease: the shard count is changing");
+                    }
+                    health.set_standby(Some(format!("standby: {reason}")));
+                    health.set_lease_problem(Some(reason));
+                    last_seen = Some(seen);
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(retry) => {}
+                    }
+                    continue;
+                }
+                Seen::Unknown(why) if changed => warn!(
+                    why = %why,
+                    "the replicas of other shard counts cannot be seen; taking the lease as before (a change of [coordination] shards from or to 1 is then not guarded: grant get, list, create, update and delete on leases in the lease namespace)"
+                ),
+                Seen::Unknown(_) | Seen::Alone => {}
+            }
+            last_seen = Some(seen);
+        }
         let attempt = tokio::select! {
             _ = cancel.cancelled() => return Ok(None),
             a = tokio::time::timeout(retry, elector.try_acquire_or_renew()) => a,
@@ -256,7 +291,7 @@ pub fn elector(
         return None;
     }
     health.set_standby(Some("standby: waiting for the lease".into()));
-    Some(Elector::new(client.clone(), cfg).with_epoch_floor(floor))
+    Some(Elector::new(client.clone(), cfg).with_epoch_floor(floor).with_labels(CountGuard::labels(cfg)))
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod allocator;
 pub mod bounds;
 pub mod cli;
 pub mod connect_check;
+mod count_watch;
 pub mod dead_letter_cmd;
 pub mod ephemeral;
 mod error;

@@ -20,6 +20,7 @@
 //! `shards.rs` runs each shard this replica holds that way.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -28,8 +29,9 @@ use super::active::{self, Active, Held};
 pub use super::error::RunError;
 use super::preflight::{check_dead_letter, check_nats_streams};
 use super::wiring::Pipeline;
-use super::{leadership, supervise};
+use super::{count_watch, leadership, supervise};
 use crate::config::Config;
+use crate::coordination::count_guard::CountGuard;
 use crate::observe::admin;
 use crate::observe::health::Health;
 use crate::sink::Sink;
@@ -83,11 +85,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
     let mut lease = None;
     let tenure = leadership::Tenure::new(&pipeline.config.coordination, lease_lost.clone());
     let floor = super::store::epoch_floor(&pipeline.config);
+    // A change of the shard count from or to 1 while replicas run: see `count_watch`.
+    let mut guard = CountGuard::new(client.clone(), &pipeline.config.coordination);
     let (epoch, writer) = match leadership::elector(&client, &pipeline.config.coordination, &health, floor) {
         Some(mut elector) => {
             let cfg = pipeline.config.coordination.clone();
-            let Some(epoch) = leadership::wait_for_lease(&mut elector, &cfg, &health, &cancel).await? else {
+            let Some(epoch) = leadership::wait_for_lease(&mut elector, &cfg, &health, guard.as_mut(), &cancel).await?
+            else {
                 info!("stopped while standby");
+                if let Some(guard) = guard {
+                    guard.leave().await;
+                }
                 return Ok(());
             };
             let writer = elector.identity().to_string();
@@ -100,7 +108,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunE
             (None, pipeline.config.coordination.identity())
         }
     };
+    let retry = Duration::from_secs(pipeline.config.coordination.retry_period_seconds.into());
+    let watch_done = CancellationToken::new();
+    let watch = guard.map(|g| count_watch::watch_while_held(g, retry, cancel.clone(), watch_done.clone()));
     let active = Active { client: &client, limiter: &api_limiter, sink, health: &health, cancel };
     let held = Held { epoch, writer, keeper: lease, stop: lease_stop, lost: lease_lost, tenure };
-    active::run(pipeline, active, held).await
+    let result = active::run(pipeline, active, held).await;
+    watch_done.cancel();
+    let Some(watch) = watch else { return result };
+    let (guard, yielded) = watch.await.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    if yielded && result.is_ok() && !shutdown.is_cancelled() {
+        count_watch::stand_aside(guard, retry, &health, &shutdown).await;
+    } else if result.is_ok() {
+        guard.leave().await;
+    }
+    result
 }

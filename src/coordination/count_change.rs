@@ -13,6 +13,9 @@
 //!   takes none of its own until they are all released; not ready meanwhile.
 //!
 //! The new count then resumes from the old count's positions (`state/store/adopt.rs`).
+//!
+//! A replica without shards (count 1) takes part through `count_guard`: its member Lease says
+//! 1, and its one Lease, `<lease_name>`, is count 1's.
 
 use std::collections::BTreeSet;
 
@@ -34,13 +37,14 @@ impl CountChange {
         match self {
             CountChange::Yield { to } => {
                 let who: Vec<String> = to.iter().map(|o| format!("{} (shards = {})", o.identity, o.shards)).collect();
+                let what = if count == 1 { "the lease" } else { "its shards" };
                 format!(
-                    "the shard count is changing: replicas of another [coordination] shards joined after this one ({}); this replica (shards = {count}) gives its shards up and takes none, so that two counts never run at once",
+                    "the shard count is changing: replicas of another [coordination] shards joined after this one ({}); this replica (shards = {count}) gives {what} up and takes none, so that two counts never run at once",
                     who.join(", ")
                 )
             }
             CountChange::Wait { held } => format!(
-                "the shard count is changing: waiting until the replicas of the old count give their shards up (still held: {}); this replica (shards = {count}) takes none until then, then resumes from their positions",
+                "the shard count is changing: waiting until the replicas of the old count give their leases up (still held: {}); this replica (shards = {count}) takes none until then, then resumes from their positions",
                 held.join(", ")
             ),
         }
@@ -64,17 +68,25 @@ pub fn count_change<'a>(
     if !newer.is_empty() {
         return Some(CountChange::Yield { to: newer });
     }
-    let prefix = format!("{lease_name}-");
     let mut held: Vec<String> = shard_leases
         .into_iter()
         .filter(|(name, holder)| {
-            let other = name.strip_prefix(&prefix).and_then(Shard::parse_label).is_some_and(|s| s.count() != count);
+            let other = lease_count(name, lease_name).is_some_and(|c| c != count);
             other && holder.is_some_and(|h| h != me && live.contains(h))
         })
         .map(|(name, _)| name.to_string())
         .collect();
     held.sort();
     (!held.is_empty()).then_some(CountChange::Wait { held })
+}
+
+/// The shard count a Lease of the group `lease_name` belongs to: `<lease_name>-<i>-of-<N>`
+/// is a shard's of `N`; `<lease_name>` itself is the one Lease of a replica without shards (1).
+fn lease_count(name: &str, lease_name: &str) -> Option<u32> {
+    if name == lease_name {
+        return Some(1);
+    }
+    name.strip_prefix(lease_name)?.strip_prefix('-').and_then(Shard::parse_label).map(|s| s.count())
 }
 
 #[cfg(test)]
@@ -87,6 +99,15 @@ mod tests {
 
     fn other(id: &str, shards: u32, joined: i64) -> OtherCount {
         OtherCount { identity: id.into(), shards, joined: at(joined) }
+    }
+
+    #[test]
+    fn a_lease_says_its_count() {
+        assert_eq!(lease_count("k", "k"), Some(1));
+        assert_eq!(lease_count("k-2-of-4", "k"), Some(4));
+        assert_eq!(lease_count("k-member-ab12", "k"), None);
+        assert_eq!(lease_count("kk-0-of-2", "k"), None, "another group's name that starts alike");
+        assert_eq!(lease_count("k-0-of-2", "k-0"), None);
     }
 
     #[test]
@@ -123,6 +144,18 @@ mod tests {
         let a = count_change("a", at(5), 2, "k", &[other("b", 4, 5)], [], &live);
         let b = count_change("b", at(5), 4, "k", &[other("a", 2, 5)], [], &live);
         assert!(matches!(a, Some(CountChange::Yield { .. })) && !matches!(b, Some(CountChange::Yield { .. })));
+        // From 2 shards to none: the one Lease `k` is count 1's, and the other way round.
+        let live: BTreeSet<String> = ["one", "two"].map(String::from).into();
+        let c = count_change("two", at(9), 2, "k", &[other("one", 1, 5)], [("k", Some("one"))], &live);
+        assert_eq!(c, Some(CountChange::Wait { held: vec!["k".into()] }), "the unsharded Lease is waited for");
+        let c = count_change("one", at(5), 1, "k", &[other("two", 2, 9)], [("k", Some("one"))], &live);
+        assert!(matches!(c, Some(CountChange::Yield { .. })), "{c:?}");
+        let c = count_change("one", at(9), 1, "k", &[other("two", 2, 5)], [("k-1-of-2", Some("two"))], &live);
+        assert_eq!(c, Some(CountChange::Wait { held: vec!["k-1-of-2".into()] }));
+        assert_eq!(
+            count_change("one", at(9), 1, "k", &[], [("k", Some("two")), ("kk-0-of-2", Some("two"))], &live),
+            None
+        );
         // Nobody of another count: nothing to do.
         assert_eq!(count_change("a", at(5), 2, "k", &[], [("k-0-of-2", Some("b"))], &live), None);
     }

@@ -294,6 +294,12 @@ impl Elector {
         self
     }
 
+    /// The same Lease, created (or renewed) with `labels`.
+    pub fn with_labels(mut self, labels: std::collections::BTreeMap<String, String>) -> Self {
+        self.labels = labels;
+        self
+    }
+
     /// The elector of a shard's Lease (`<lease_name>-<i>-of-<N>`), created with `labels`.
     pub fn for_shard(
         client: kube::Client,
@@ -421,6 +427,14 @@ impl Elector {
         };
         spec.renew_time = Some(now);
         spec.lease_duration_seconds = Some(seconds);
+        // A Lease created before it had its group's labels (by an older kubecast): given them,
+        // so that replicas of another shard count see it.
+        if !self.labels.is_empty() {
+            let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+            for (k, v) in &self.labels {
+                labels.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
         // Conditional on the resourceVersion read: a concurrent writer makes this fail (409).
         match self.api.replace(&self.name, &PostParams::default(), &lease).await {
             Ok(_) => Ok(Attempt::Held { epoch }),

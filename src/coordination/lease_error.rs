@@ -10,7 +10,7 @@ use crate::observe::kube_error::in_words;
 pub enum LeaseError {
     /// 401 or 403: kubecast's identity may not use the Lease.
     #[error(
-        "lease {namespace}/{name}: {message} (fix: grant get, watch, create and update on leases.coordination.k8s.io {name} in {namespace} to kubecast's identity, and list on leases there with [coordination] shards)"
+        "lease {namespace}/{name}: {message} (fix: grant get, watch, create and update on leases.coordination.k8s.io {name} in {namespace} to kubecast's identity, and list and delete on leases there: each replica's member Lease)"
     )]
     Forbidden { namespace: String, name: String, message: String },
     /// 404 when creating it: the namespace does not exist.
