@@ -1060,7 +1060,7 @@ fn ha_values_render_two_replicas_a_lease_and_its_role() {
         role["rules"],
         json!([
             {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["k-kubecast"], "verbs": ["get", "watch", "update"]},
-            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}
+            {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "create", "update", "delete"]}
         ])
     );
     let out = template("minimal", &["replicas=2"]);
@@ -1342,10 +1342,12 @@ fn service_account_kubeconfig(sa: &str, ns: &str, dir: &Path) -> String {
     kubeconfig.to_str().unwrap().to_string()
 }
 
-/// With coordination, the chart's ServiceAccount may take and renew its one Lease, and
-/// nothing more of leases; kubecast with the chart's config and that identity holds it.
+/// With coordination, the chart's ServiceAccount may take, renew and watch its one Lease, and
+/// keep a member Lease of its own (list, create, update, delete on leases of the release
+/// namespace, as a leader-elected controller's Role does), and no lease elsewhere; kubecast
+/// with the chart's config and that identity holds it, in its group.
 #[tokio::test]
-async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
+async fn the_charts_service_account_may_hold_its_lease_in_its_namespace_only() {
     let client = common::client().await;
     let home = TestNamespace::new(&client, "kc-lease").await;
     let release = common::unique("lease");
@@ -1375,10 +1377,20 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     assert_eq!(can(&["get", "namespaces/kube-system"]), "yes");
     assert_eq!(can(&["get", "namespaces/default"]), "no");
     assert_eq!(can(&["list", "namespaces"]), "no");
+    // Its member Lease (a name not known in advance) and the group's list.
+    assert_eq!(can(&["list", "leases.coordination.k8s.io"]), "yes");
+    assert_eq!(can(&["delete", "leases.coordination.k8s.io/member"]), "yes");
+    let elsewhere = |verb: &str| {
+        let a = ["auth", "can-i", verb, "leases.coordination.k8s.io", "-n", "default"];
+        text(&kubectl_as(&kubeconfig, &a, None).stdout).trim().to_string()
+    };
+    for verb in ["get", "list", "create", "update", "delete"] {
+        assert_eq!(elsewhere(verb), "no", "{verb} on leases of another namespace must be denied");
+    }
     for (what, args) in [
-        ("another lease", vec!["update", "leases.coordination.k8s.io/other"]),
-        ("deleting its lease", vec!["delete", lease.as_str()]),
-        ("listing leases", vec!["list", "leases.coordination.k8s.io"]),
+        ("patching leases", vec!["patch", lease.as_str()]),
+        ("configmaps", vec!["create", "configmaps"]),
+        ("secrets", vec!["get", "secrets"]),
     ] {
         assert_eq!(can(&args), "no", "{what} must be denied");
     }
@@ -1407,6 +1419,12 @@ async fn the_charts_service_account_may_hold_its_lease_and_no_other() {
     assert_eq!(read("holderIdentity"), holder, "renewed by the same holder");
     assert!(!kc.log().contains("lost the lease"), "{}", kc.log());
     assert!(!kc.log().contains("cannot read the kube-system namespace"), "the identity is readable:\n{}", kc.log());
+    assert!(!kc.log().contains("other shard counts cannot be seen"), "the Role lets it join its group:\n{}", kc.log());
+    let members = ok(
+        kubectl(&["get", "leases", "-n", &home.name, "-l", "kubecast.io/lease-role=member", "-o", "name"], None),
+        "list the member leases",
+    );
+    assert_eq!(members.lines().count(), 1, "its member Lease: {members}");
     // A standby with the same identity watches the Lease (RBAC: watch on that one Lease) and
     // takes it as soon as the holder gives it up at its stop.
     let mut standby = Kubecast::start_with(&config, &[("KUBECONFIG", &kubeconfig), ("POD_NAME", "proof-1")]);
