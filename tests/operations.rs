@@ -123,6 +123,10 @@ async fn a_burst_of_changes_is_gathered_on_the_connection_and_every_change_arriv
     assert_eq!(status, 200);
     let s = parse(&body);
     assert!(value(&s, "kubecast_watch_gathered_total", &[]) >= 1.0, "the burst was gathered:\n{body}");
+    // What the apiserver sent is counted: at least the 400 objects' JSON (each well over 200
+    // bytes: its name, namespace, uid, resourceVersion, timestamp and managed fields).
+    let received = value(&s, "kubecast_apiserver_received_bytes_total", &[]);
+    assert!(received >= 400.0 * 200.0, "{received} bytes counted:\n{body}");
     let ids: HashSet<String> = k.events().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(ids.len(), 400, "every change arrived once");
     // One more change after the burst, alone: read when the window ends, not when more come.

@@ -99,6 +99,8 @@ pub struct Metrics {
     pub watch_objects_slow: Counter,
     /// Windows in which an apiserver connection gathered events arriving fast.
     pub watch_gathered: Counter,
+    /// Bytes of the apiserver's response bodies (lists, watches, Leases).
+    pub apiserver_received_bytes: Counter,
     pub sink_connected: Gauge,
     /// Events held because their destination refuses every event (a set-up mistake), by
     /// [`crate::model::Refusal`] label.
@@ -147,6 +149,7 @@ impl Metrics {
             gone: Family::default(),
             resync_events: Family::default(),
             watch_gathered: Counter::default(),
+            apiserver_received_bytes: Counter::default(),
             watch_restarts: Family::default(),
             watch_objects_slow: Counter::default(),
             sink_connected: Gauge::default(),
@@ -239,6 +242,11 @@ impl Metrics {
             "watch_gathered",
             "Windows in which an apiserver connection gathered watch events that came in quick succession, to read them at once (cluster.watch_gather_ms)",
             m.watch_gathered.clone(),
+        );
+        r.register(
+            "apiserver_received_bytes",
+            "Bytes of the response bodies this process received from the apiserver (lists, watches, its Leases); with shards, what the apiserver's filtering saves shows here. Not counted with a proxy in the kubeconfig or exec credentials",
+            m.apiserver_received_bytes.clone(),
         );
         r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
         r.register(

@@ -1,11 +1,13 @@
 //! The apiserver client's HTTP stack: the one kube builds (`ClientBuilder::try_from`), layer
 //! for layer (TLS, timeouts, base URI, retries of 5xx, authentication, extra headers, tracing),
-//! with one difference: its TCP connections gather watch events that arrive in quick
-//! succession ([`super::gather`]).
+//! with two differences: its TCP connections gather watch events that arrive in quick
+//! succession ([`super::gather`]), and the bytes of its responses' bodies are counted
+//! (`kubecast_apiserver_received_bytes_total`: what the apiserver sent this process).
 //!
 //! Where kube's own stack does more than this one can repeat, kube's is used as it is
-//! (gathering off): a proxy in the kubeconfig, or credentials from an exec plugin (a client
-//! certificate it hands out expires, which only kube's builder can tell the client).
+//! (gathering off, nothing counted): a proxy in the kubeconfig, or credentials from an exec
+//! plugin (a client certificate it hands out expires, which only kube's builder can tell the
+//! client).
 
 use std::time::Duration;
 
@@ -29,7 +31,7 @@ use super::gather::{Gather, GatherConnector};
 /// A client for `config`, its connections gathering as `gather` says where it can (see the
 /// module's text for where it cannot).
 pub fn client(config: Config, gather: Gather) -> Result<Client, kube::Error> {
-    if !gather.is_on() || config.proxy_url.is_some() || uses_exec(&config) {
+    if config.proxy_url.is_some() || uses_exec(&config) {
         return Client::try_from(config);
     }
     let default_ns = config.default_namespace.clone();
@@ -89,8 +91,26 @@ pub fn client(config: Config, gather: Gather) -> Result<Client, kube::Error> {
         )
         .map_err(BoxError::from)
         .service(http_client)
-        .map_response_body(|body| http_body_util::BodyExt::map_err(body, BoxError::from));
+        .map_response_body(counted);
     Ok(Client::new(service, default_ns))
+}
+
+/// A response body whose data is counted as it arrives.
+fn counted<B>(body: B) -> impl hyper::body::Body<Data = bytes::Bytes, Error = BoxError>
+where
+    B: hyper::body::Body<Data = bytes::Bytes>,
+    B::Error: Into<BoxError>,
+{
+    use http_body_util::BodyExt;
+    body.map_frame(count_received).map_err(Into::into)
+}
+
+/// Counts a frame's data.
+fn count_received(frame: hyper::body::Frame<bytes::Bytes>) -> hyper::body::Frame<bytes::Bytes> {
+    if let Some(data) = frame.data_ref() {
+        crate::observe::metrics::get().apiserver_received_bytes.inc_by(data.len() as u64);
+    }
+    frame
 }
 
 /// Credentials from an exec plugin (see the module's text).
