@@ -1,21 +1,26 @@
-//! Sharding benchmark: the same work on 1, 2 and 4 shards, one replica per shard (the release
-//! binary, against the test apiserver; the state in the test Kafka).
+//! Sharding benchmark: the same work on 1, 2 and 4 shards, one replica per shard, or on one
+//! shard count spread over 1, 2 and 4 replicas (the release binary, against the test
+//! apiserver or the one with the `ShardedListAndWatch` gate on; the state in the test Kafka).
 //!
 //! ```text
 //! cargo bench --bench shards                          # 3000 ConfigMaps; 1, 2 and 4 shards
 //! cargo bench --bench shards -- --objects 10000 --shards 1,2,4,8
+//! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on
 //! ```
 //!
-//! For each shard count S: S replicas of `[coordination] shards = S` (S = 1: one replica, one
-//! Lease) start on a namespace of N ConfigMaps; measured are the time from their start until
-//! every object's snapshot event was written (by all replicas together: the shards' spreading
+//! For each row, R replicas of `[coordination] shards = S` (S = 1: one replica, one Lease)
+//! start on a namespace of N ConfigMaps; measured are the time from their start until every
+//! object's snapshot event was written (by all replicas together: the shards' spreading
 //! included), then the time from the first of N patches (64 at a time) until the change of
-//! every object was written, each replica's CPU seconds and peak RSS,
-//! and the objects of other shards the replicas skipped (the apiserver did not apply the
-//! shard selector: the `ShardedListAndWatch` gate off) or 0 (it did).
+//! every object was written, each replica's CPU seconds and peak RSS, the bytes each received
+//! from the apiserver (`kubecast_apiserver_received_bytes_total`), and the objects of other
+//! shards the replicas skipped (the apiserver did not apply the shard selector: the gate off)
+//! or 0 (it did). `--gate on` runs on `tests/env/sharded` (the gate on), the default on
+//! `tests/env/up` (off).
 //!
 //! Figures are printed, never asserted. Servers: `tests/env/up` (started if needed and left
-//! running; with `KUBECAST_ENV_FILE` set, that environment as it is). See docs/performance.md.
+//! running; with `KUBECAST_ENV_FILE` set, that environment as it is), and with `--gate on`
+//! `tests/env/sharded` (started if needed). See docs/performance.md.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -74,13 +79,10 @@ fn usage(pid: u32) -> (f64, f64) {
     (ticks / 100.0, hwm / 1024.0)
 }
 
-async fn skipped(kc: &mut Kubecast) -> f64 {
+/// The sum of the samples of a metric family whose lines start with `prefix`.
+async fn metric(kc: &mut Kubecast, prefix: &str) -> f64 {
     let (_, metrics) = kc.admin_get("/metrics").await;
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("kubecast_shard_skipped_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metrics.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
 struct Figures {
@@ -88,10 +90,19 @@ struct Figures {
     changes: Duration,
     cpu: Vec<f64>,
     rss: Vec<f64>,
+    /// MB received from the apiserver, per replica.
+    received: Vec<f64>,
     skipped: f64,
 }
 
-async fn run(env: &kubecast_kit::Env, client: &kube::Client, n: usize, shards: u32) -> Result<Figures> {
+/// Where the replicas run: the apiserver's kubeconfig (`None`: the environment's default).
+struct Target<'a> {
+    env: &'a kubecast_kit::Env,
+    kubeconfig: Option<String>,
+}
+
+async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, replicas: u32) -> Result<Figures> {
+    let env = target.env;
     let ns = TestNamespace::new(client, "bench-shards").await;
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
     each(n, |i| {
@@ -116,8 +127,12 @@ async fn run(env: &kubecast_kit::Env, client: &kube::Client, n: usize, shards: u
         "store = \"kafka\"\n[checkpoint.kafka]\nbrokers = \"{brokers}\"\ntopic = \"{}\"\n",
         kubecast_kit::unique("bench-shards-state")
     );
+    let mut vars = vec![("RUST_LOG", "info")];
+    if let Some(k) = &target.kubeconfig {
+        vars.push(("KUBECONFIG", k.as_str()));
+    }
     let mut kcs: Vec<Kubecast> =
-        (0..shards).map(|_| Kubecast::start_with_checkpoint(&config, &checkpoint, &[("RUST_LOG", "info")])).collect();
+        (0..replicas).map(|_| Kubecast::start_with_checkpoint(&config, &checkpoint, &vars)).collect();
     let snapshot = until(&kcs, "added", n, "the snapshot").await?;
     let patched = Instant::now();
     each(n, |i| {
@@ -131,17 +146,18 @@ async fn run(env: &kubecast_kit::Env, client: &kube::Client, n: usize, shards: u
     .await?;
     until(&kcs, "modified", n, "the changes").await?;
     let changes = patched.elapsed();
-    let (mut cpu, mut rss, mut skip) = (Vec::new(), Vec::new(), 0.0);
+    let (mut cpu, mut rss, mut received, mut skip) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
     for kc in &mut kcs {
         let (c, r) = usage(kc.pid().context("running")?);
         cpu.push(c);
         rss.push(r);
-        skip += skipped(kc).await;
+        received.push(metric(kc, "kubecast_apiserver_received_bytes_total").await / 1e6);
+        skip += metric(kc, "kubecast_shard_skipped_total{").await;
     }
     for kc in &mut kcs {
         kc.stop();
     }
-    Ok(Figures { snapshot, changes, cpu, rss, skipped: skip })
+    Ok(Figures { snapshot, changes, cpu, rss, received, skipped: skip })
 }
 
 fn max(v: &[f64]) -> f64 {
@@ -152,36 +168,71 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let env = kubecast_kit::env_up(&["apiserver", "kafka"]);
-        let client = kubecast_kit::client().await;
+        let gate = match arg("--gate").as_deref() {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(other) => anyhow::bail!("--gate {other}: on or off"),
+        };
+        let (client, kubeconfig) = if gate {
+            let status = std::process::Command::new(kubecast_kit::env::repo_root().join("tests/env/sharded"))
+                .arg("up")
+                .status()?;
+            anyhow::ensure!(status.success(), "tests/env/sharded up failed");
+            let kubeconfig = kubecast_kit::sharded_kubeconfig();
+            (kubecast_kit::client_for(&kubeconfig).await, Some(kubeconfig))
+        } else {
+            (kubecast_kit::client().await, None)
+        };
+        let target = Target { env: &env, kubeconfig };
         let n: usize = arg("--objects").map(|s| s.parse()).transpose()?.unwrap_or(3000);
-        let counts: Vec<u32> = match arg("--shards") {
-            Some(list) => list.split(',').map(|s| s.trim().parse().context("--shards")).collect::<Result<_>>()?,
-            None => vec![1, 2, 4],
+        let list = |flag: &str| -> Result<Option<Vec<u32>>> {
+            arg(flag).map(|l| l.split(',').map(|s| s.trim().parse().context(flag.to_string())).collect()).transpose()
+        };
+        // (shards, replicas) per row: one replica per shard, or one count over several.
+        let rows: Vec<(u32, u32)> = match (list("--shards")?, list("--replicas")?) {
+            (None, None) => [1, 2, 4].map(|s| (s, s)).to_vec(),
+            (Some(shards), None) => shards.into_iter().map(|s| (s, s)).collect(),
+            (Some(shards), Some(replicas)) if shards.len() == 1 => replicas.into_iter().map(|r| (shards[0], r)).collect(),
+            (None, Some(replicas)) => replicas.into_iter().map(|r| (4, r)).collect(),
+            _ => anyhow::bail!("--replicas takes one --shards count"),
         };
         let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let model =
             cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|m| m.trim_start_matches([' ', '\t', ':']));
         println!(
-            "shards: {n} ConfigMaps, one replica per shard; kubecast {} on {cores} cores ({}); {}",
+            "shards: {n} ConfigMaps, the apiserver's ShardedListAndWatch gate {}; kubecast {} on {cores} cores ({}); {}",
+            if gate { "on" } else { "off" },
             env!("CARGO_PKG_VERSION"),
             model.unwrap_or("?"),
             chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
         );
         println!(
-            "{:>6} {:>10} {:>10} {:>12} {:>12} {:>12} {:>10}",
-            "shards", "snapshot", "changes", "CPU s max", "CPU s sum", "RSS MB max", "skipped"
+            "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>12} {:>12} {:>10}",
+            "shards",
+            "replicas",
+            "snapshot",
+            "changes",
+            "CPU s max",
+            "CPU s sum",
+            "RSS MB max",
+            "recv MB max",
+            "recv MB sum",
+            "skipped"
         );
-        for &s in &counts {
-            let f = run(&env, &client, n, s).await.with_context(|| format!("{s} shards"))?;
+        for &(s, r) in &rows {
+            let f = run(&target, &client, n, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
             println!(
-                "{:>6} {:>10.2?} {:>10.2?} {:>12.2} {:>12.2} {:>12.1} {:>10.0}",
+                "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>11.1} {:>12.2} {:>12.2} {:>10.0}",
                 s,
+                r,
                 f.snapshot,
                 f.changes,
                 max(&f.cpu),
                 f.cpu.iter().sum::<f64>(),
                 max(&f.rss),
+                max(&f.received),
+                f.received.iter().sum::<f64>(),
                 f.skipped
             );
         }
