@@ -162,7 +162,7 @@ async fn open_reader(config: &Config, from: &From, sink: Option<&Sink>, dry_run:
                             "core NATS (sink.nats.jetstream = false) keeps no dead letters to read".into(),
                         )
                     })?;
-                    Ok(Reader::Nats(NatsReader::open(js, &destination, &from.progress, dry_run).await?))
+                    Ok(Reader::Nats(Box::new(NatsReader::open(js, &destination, &from.progress, dry_run).await?)))
                 }
                 _ => Err(ReplayError::NoDeadLetter),
             }

@@ -26,11 +26,11 @@ use crate::sink::kafka::roles::for_consumer;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where the dead letter is read from.
+/// Where the dead letter is read from (the NATS reader, much the largest, boxed).
 pub enum Reader {
     File(FileReader),
     Kafka(KafkaReader),
-    Nats(NatsReader),
+    Nats(Box<NatsReader>),
 }
 
 impl Reader {

@@ -19,6 +19,10 @@ use std::collections::BTreeMap;
 
 use crate::model::{EntryRef, ObjectIndex, Position, Shard};
 
+/// A shard's position under another layout: its resourceVersion as a number (`None`: none
+/// yet, or not a number) and its acknowledgements ahead.
+type ShardPosition = (Option<u64>, Vec<(String, String)>);
+
 /// The state of one stream under one other layout (`count`: 1 = without shards).
 #[derive(Debug, Default)]
 struct Layout {
@@ -26,7 +30,7 @@ struct Layout {
     newest: u64,
     /// Its shards' positions: per shard (`None`: the whole stream), its resourceVersion as a
     /// number (`None`: none yet, or not a number) and its acknowledgements ahead.
-    shards: BTreeMap<Option<Shard>, (Option<u64>, Vec<(String, String)>)>,
+    shards: BTreeMap<Option<Shard>, ShardPosition>,
     /// The objects of its index that this process's shard owns.
     objects: ObjectIndex,
 }
