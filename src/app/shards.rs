@@ -29,7 +29,7 @@ use super::wiring::Pipeline;
 use super::{leadership, supervise};
 use crate::config::Config;
 use crate::coordination::assignment::{Decision, Seen, View, decide};
-use crate::coordination::count_change::{CountChange, count_change};
+use crate::coordination::count_change::CountChange;
 use crate::coordination::lease::{Attempt, CoordinationConfig, Elector, EpochFloor};
 use crate::coordination::members::{Group, Members, shard_labels};
 use crate::model::Shard;
@@ -182,19 +182,7 @@ impl Coordinator {
     /// and gives everything up if its count yields.
     fn decision(&mut self, group: Group) -> Result<Decision, String> {
         let count = self.cfg.shards;
-        let leases = group.shards.iter().map(|(name, l)| {
-            let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
-            (name.as_str(), holder)
-        });
-        let change = count_change(
-            &self.identity,
-            group.joined,
-            count,
-            &self.cfg.lease_name,
-            &group.other_counts,
-            leases,
-            &group.members,
-        );
+        let change = group.count_change(&self.identity, count, &self.cfg.lease_name);
         if let Some(change) = change {
             if matches!(change, CountChange::Yield { .. }) && !self.running.is_empty() {
                 warn!(reason = %change.reason(count), "giving every shard up: another shard count takes over");

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use super::members::OtherCount;
+use super::members::{Group, OtherCount};
 use crate::model::Shard;
 
 /// What a replica does about another count.
@@ -78,6 +78,18 @@ pub fn count_change<'a>(
         .collect();
     held.sort();
     (!held.is_empty()).then_some(CountChange::Wait { held })
+}
+
+impl Group {
+    /// The change replica `me` (running `count` shards of Leases named after `lease_name`)
+    /// takes part in, from this list of its group (see [`count_change`]).
+    pub fn count_change(&self, me: &str, count: u32, lease_name: &str) -> Option<CountChange> {
+        let leases = self.shards.iter().map(|(name, l)| {
+            let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
+            (name.as_str(), holder)
+        });
+        count_change(me, self.joined, count, lease_name, &self.other_counts, leases, &self.members)
+    }
 }
 
 /// The shard count a Lease of the group `lease_name` belongs to: `<lease_name>-<i>-of-<N>`

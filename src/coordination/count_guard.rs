@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tracing::warn;
 
-use super::count_change::{CountChange, count_change};
+use super::count_change::CountChange;
 use super::lease::CoordinationConfig;
 use super::members::{Members, shard_labels};
 
@@ -73,19 +73,7 @@ impl CountGuard {
             Ok(Err(e)) => return Seen::Unknown(format!("the group's leases cannot be listed: {e}")),
             Err(_) => return Seen::Unknown(format!("no answer from the apiserver within {:?}", self.retry)),
         };
-        let leases = group.shards.iter().map(|(name, l)| {
-            let holder = l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()).filter(|h| !h.is_empty());
-            (name.as_str(), holder)
-        });
-        let change = count_change(
-            &self.identity,
-            group.joined,
-            1,
-            &self.lease_name,
-            &group.other_counts,
-            leases,
-            &group.members,
-        );
+        let change = group.count_change(&self.identity, 1, &self.lease_name);
         change.map_or(Seen::Alone, Seen::Change)
     }
 
