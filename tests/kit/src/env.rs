@@ -120,6 +120,15 @@ pub fn compacting_up() -> String {
     compacting_kubeconfig()
 }
 
+/// For the scale benchmark: makes sure its apiserver runs (`tests/env/scale up`, unless
+/// `KUBECAST_SCALE_ENV_FILE` is set) and returns its env file's keys (`KUBECONFIG`,
+/// `KUBECAST_ENV_STATE`, `KUBECAST_TEST_ETCD_ENDPOINT`, ...).
+pub fn scale_up() -> Env {
+    up("KUBECAST_SCALE_ENV_FILE", &repo_root().join("tests/env/scale"), &["up"]);
+    let path = located("KUBECAST_SCALE_ENV_FILE", "KUBECAST_ENV_SCALE_STATE", "target/kubecast-env-scale");
+    parse(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("env file {}: {e}", path.display())))
+}
+
 fn up(file_var: &str, script: &Path, args: &[&str]) {
     if std::env::var_os(file_var).is_some() {
         return;

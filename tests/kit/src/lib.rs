@@ -30,7 +30,7 @@ pub use cluster::{
 };
 pub use env::{
     Env, Paused, Stopped, compacting_kubeconfig, compacting_up, env, env_file, env_script, env_up, env_var, kubeconfig, repo_root,
-    sharded_kubeconfig,
+    scale_up, sharded_kubeconfig,
 };
 pub use process::{Kubecast, bin, dead_letter_ok, set_bin};
 pub use sink::{about, pretty, read_events, verb, without};
