@@ -9,8 +9,16 @@
 //! memory freed after a burst still goes back to the system, within 10 s.
 //!
 //! The standard `MIMALLOC_PURGE_DELAY` variable (milliseconds; -1 = never) overrides it.
+//!
+//! mimalloc purges what is due only when the process allocates or frees again: after loading a
+//! checkpoint of a million objects, or a list of them, an idle kubecast kept every page the
+//! load had used (265 MB resident at 1M objects, where 97 MB were in use). A thread of its own
+//! asks mimalloc to collect once per epoch, so what is due is given back while nothing else
+//! happens.
 
-use libmimalloc_sys::{mi_option_set, mi_option_t};
+use std::time::Duration;
+
+use libmimalloc_sys::{mi_collect, mi_option_set, mi_option_t};
 
 /// `mi_option_purge_delay` of mimalloc v3 (`mimalloc.h`); the sys crate does not name it.
 const PURGE_DELAY: mi_option_t = 15;
@@ -25,6 +33,15 @@ pub fn configure() {
         // SAFETY: a plain store into mimalloc's option table; no other thread runs yet.
         unsafe { mi_option_set(PURGE_DELAY, PURGE_DELAY_MS as _) };
     }
+    let epoch = Duration::from_millis(PURGE_DELAY_MS as u64);
+    // Not fatal if it cannot start: memory is then given back at the next allocation only.
+    let _ = std::thread::Builder::new().name("kubecast-purge".into()).spawn(move || {
+        loop {
+            std::thread::sleep(epoch);
+            // SAFETY: mimalloc's collection is thread-safe; `false`: only what is due.
+            unsafe { mi_collect(false) };
+        }
+    });
 }
 
 #[cfg(test)]
