@@ -25,6 +25,14 @@ pub struct ResourceVerb {
     pub verb: &'static str,
 }
 
+/// A request to the apiserver: its verb (`list`, `watch`, `get`, `create`, `update`,
+/// `patch`, `delete`, `discovery`) and the plural resource it names (`""` for discovery).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiRequest {
+    pub verb: &'static str,
+    pub resource: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct Filtered {
     pub group: String,
@@ -101,6 +109,8 @@ pub struct Metrics {
     pub watch_gathered: Counter,
     /// Bytes of the apiserver's response bodies (lists, watches, Leases).
     pub apiserver_received_bytes: Counter,
+    /// Requests sent to the apiserver, by verb and resource.
+    pub apiserver_requests: Family<ApiRequest, Counter>,
     pub sink_connected: Gauge,
     /// Events held because their destination refuses every event (a set-up mistake), by
     /// [`crate::model::Refusal`] label.
@@ -150,6 +160,7 @@ impl Metrics {
             resync_events: Family::default(),
             watch_gathered: Counter::default(),
             apiserver_received_bytes: Counter::default(),
+            apiserver_requests: Family::default(),
             watch_restarts: Family::default(),
             watch_objects_slow: Counter::default(),
             sink_connected: Gauge::default(),
@@ -247,6 +258,11 @@ impl Metrics {
             "apiserver_received_bytes",
             "Bytes of the response bodies this process received from the apiserver (lists, watches, its Leases); with shards, what the apiserver's filtering saves shows here. Not counted with a proxy in the kubeconfig or exec credentials",
             m.apiserver_received_bytes.clone(),
+        );
+        r.register(
+            "apiserver_requests",
+            "Requests this process sent to the apiserver, by verb (list: one per page of a paginated list; watch: a streaming list or a watch; get, create, update, patch, delete, discovery) and resource (plural, e.g. configmaps, leases). Not counted with a proxy in the kubeconfig or exec credentials",
+            m.apiserver_requests.clone(),
         );
         r.register("sink_connected", "1 when the sink's broker is reachable", m.sink_connected.clone());
         r.register(

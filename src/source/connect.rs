@@ -1,8 +1,9 @@
 //! The apiserver client's HTTP stack: the one kube builds (`ClientBuilder::try_from`), layer
 //! for layer (TLS, timeouts, base URI, retries of 5xx, authentication, extra headers, tracing),
 //! with two differences: its TCP connections gather watch events that arrive in quick
-//! succession ([`super::gather`]), and the bytes of its responses' bodies are counted
-//! (`kubecast_apiserver_received_bytes_total`: what the apiserver sent this process).
+//! succession ([`super::gather`]), and its requests and the bytes of its responses' bodies are
+//! counted (`kubecast_apiserver_requests_total` by verb and resource,
+//! `kubecast_apiserver_received_bytes_total`: what the apiserver sent this process).
 //!
 //! Where kube's own stack does more than this one can repeat, kube's is used as it is
 //! (gathering off, nothing counted): a proxy in the kubeconfig, or credentials from an exec
@@ -47,6 +48,7 @@ pub fn client(config: Config, gather: Gather) -> Result<Client, kube::Error> {
         hyper_util::client::legacy::Builder::new(TokioExecutor::new()).build(connector);
 
     let service = ServiceBuilder::new()
+        .map_request(count_request)
         .layer(config.base_uri_layer())
         .option_layer(config.default_retry.then_some(RetryLayer::new(RetryPolicy::server_retry())))
         .option_layer(config.auth_layer()?)
@@ -93,6 +95,14 @@ pub fn client(config: Config, gather: Gather) -> Result<Client, kube::Error> {
         .service(http_client)
         .map_response_body(counted);
     Ok(Client::new(service, default_ns))
+}
+
+/// Counts a request by verb and resource, once (retries of a 5xx happen below this layer).
+fn count_request(req: Request<Body>) -> Request<Body> {
+    let (verb, resource) = super::api_request::classify(req.method(), req.uri().path(), req.uri().query());
+    let label = crate::observe::metrics::ApiRequest { verb, resource };
+    crate::observe::metrics::get().apiserver_requests.get_or_create(&label).inc();
+    req
 }
 
 /// A response body whose data is counted as it arrives.

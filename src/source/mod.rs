@@ -6,6 +6,7 @@
 //! this folder moves a stream's position itself: it emits the effect of each item, and the
 //! state folder applies it once the item is acknowledged.
 
+pub mod api_request;
 pub mod client;
 pub mod connect;
 pub mod gather;
