@@ -346,10 +346,9 @@ impl Run {
         cpu_seconds(self.kc.pid().context("kubecast is not running")?)
     }
 
-    /// The sum of the samples of one of kubecast's metric families (`name` and its labels).
-    pub async fn metric(&mut self, name: &str) -> f64 {
-        let (_, text) = self.kc.admin_get("/metrics").await;
-        sum_samples(&text, name, &[])
+    /// kubecast's `/metrics` text.
+    pub async fn metrics(&mut self) -> String {
+        self.kc.admin_get("/metrics").await.1
     }
 
     /// Waits until `/readyz` answers 200; the time since start.
