@@ -4,12 +4,13 @@
 //! Representation (no caller sees it; they speak `&str` and [`IndexEntry`]):
 //!
 //! * Entries whose uid is a canonical UUID and whose resourceVersion a canonical decimal (all
-//!   of them on the apiservers we test) are one 36-byte [`Slot`] in a dense `Vec`: the uid's 16
+//!   of them on the apiservers we test) are one 36-byte [`Slot`] in a dense sequence of
+//!   fixed chunks that are never moved (`chunked.rs`, for the peak of a load): the uid's 16
 //!   bytes, the resourceVersion as a `u64` (comparable by contract since Kubernetes 1.35,
 //!   KEP-5504; here only compared for equality), the namespace as the `u32` id of an interned
 //!   namespace, the name as offset and length in one name arena. A hash table of `u32` slot
 //!   numbers (hashed by uid) finds them. A removed slot is filled with the last one
-//!   (`swap_remove`), so the `Vec` stays dense.
+//!   (`swap_remove`), so the sequence stays dense.
 //! * Any other entry (a uid that is not a lowercase UUID, a resourceVersion that is not a
 //!   decimal number, a name past the arena's `u32` offsets) is kept as text in `loose`, a
 //!   plain map. Each encoding gives back exactly the text it was made from, so what is read
@@ -17,6 +18,7 @@
 //!
 //! Invariant: a uid is in at most one of the two.
 
+mod chunked;
 mod encoding;
 mod entry;
 mod strings;
@@ -29,6 +31,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 pub use self::encoding::UidRef;
+use self::chunked::Chunked;
 use self::encoding::{parse_rv, parse_uuid};
 pub use self::entry::{Index, IndexEntry};
 use self::strings::{Arena, Namespaces};
@@ -52,7 +55,7 @@ const _: () = assert!(std::mem::size_of::<Slot>() == 36);
 pub struct ObjectIndex {
     /// Slot numbers, hashed by their slot's uid.
     table: HashTable<u32>,
-    slots: Vec<Slot>,
+    slots: Chunked<Slot>,
     names: Arena,
     namespaces: Namespaces,
     loose: HashMap<Box<str>, IndexEntry, foldhash::fast::RandomState>,
@@ -249,10 +252,6 @@ impl ObjectIndex {
             self.namespaces.release(namespace);
             return false;
         };
-        if self.slots.len() == self.slots.capacity() {
-            // Grows by a quarter, not the `Vec`'s double: at most 25% of the slots unused.
-            self.slots.reserve_exact((self.slots.len() / 4).max(64));
-        }
         self.slots.push(Slot { uid: key, rv: rv.to_le_bytes(), namespace, name_at, name_len });
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.table.insert_unique(hasher.hash_one(key), number, |&s| hasher.hash_one(slots[s as usize].uid));
@@ -285,18 +284,18 @@ impl ObjectIndex {
     /// Rewrites the name arena without its garbage.
     fn compact_names(&mut self) {
         let mut fresh = self.names.fresh();
-        for s in &mut self.slots {
+        for s in self.slots.iter_mut() {
             let (at, _) = fresh.push(self.names.get(s.name_at, s.name_len)).expect("smaller than the arena it leaves");
             s.name_at = at;
         }
         self.names.replace(fresh);
     }
 
-    /// After many removals, gives memory back (the `Vec` and the table keep twice the entries).
+    /// After many removals, gives memory back (the slots' chunks go as they empty; the table
+    /// keeps twice the entries).
     fn shrink_if_sparse(&mut self) {
         let len = self.slots.len();
-        if self.slots.capacity() > 1024 && len * 4 < self.slots.capacity() {
-            self.slots.shrink_to(len * 2);
+        if self.table.capacity() > 1024 && len * 4 < self.table.capacity() {
             let (slots, hasher) = (&self.slots, &self.hasher);
             self.table.shrink_to(len * 2, |&s| hasher.hash_one(slots[s as usize].uid));
         }
@@ -310,7 +309,6 @@ impl FromIterator<(String, IndexEntry)> for ObjectIndex {
     fn from_iter<I: IntoIterator<Item = (String, IndexEntry)>>(iter: I) -> Self {
         let iter = iter.into_iter();
         let mut index = ObjectIndex::new();
-        index.slots.reserve(iter.size_hint().0);
         for (uid, entry) in iter {
             index.insert(&uid, &entry);
         }

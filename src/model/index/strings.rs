@@ -67,30 +67,45 @@ impl Namespaces {
     }
 }
 
-/// Names, one after the other in one `String`.
+/// Bytes per chunk of the name arena (a name never spans two).
+const NAME_CHUNK: usize = 64 * 1024;
+
+/// Names, one after the other in chunks of [`NAME_CHUNK`] bytes that are never moved (see
+/// `chunked.rs`); a name's offset counts from the first chunk's start.
 #[derive(Debug, Default, Clone)]
 pub struct Arena {
-    text: String,
-    /// Bytes of removed names still in `text`.
+    chunks: Vec<String>,
+    /// Bytes of names pushed (the unused end of a full chunk not counted).
+    used: usize,
+    /// Bytes of removed names still in the chunks.
     garbage: usize,
 }
 
 impl Arena {
-    /// Appends `name`: its offset, or `None` when the arena would outgrow `u32` offsets.
+    /// Appends `name`: its offset, or `None` when the arena would outgrow `u32` offsets (or the
+    /// name a chunk).
     pub fn push(&mut self, name: &str) -> Option<(u32, u32)> {
-        let at = u32::try_from(self.text.len()).ok()?;
         let len = u32::try_from(name.len()).ok()?;
-        at.checked_add(len)?;
-        if self.text.capacity() - self.text.len() < name.len() {
-            // Grows by a quarter, not the `String`'s double: at most 25% of the arena unused.
-            self.text.reserve_exact(name.len().max(self.text.len() / 4).max(4096));
+        if name.len() > NAME_CHUNK {
+            return None;
         }
-        self.text.push_str(name);
+        let fits = self.chunks.last().is_some_and(|c| NAME_CHUNK - c.len() >= name.len());
+        let chunk = if fits { self.chunks.len() - 1 } else { self.chunks.len() };
+        let offset = if fits { self.chunks[chunk].len() } else { 0 };
+        let at = u32::try_from(chunk * NAME_CHUNK + offset).ok()?;
+        at.checked_add(len)?;
+        if !fits {
+            self.chunks.push(String::with_capacity(NAME_CHUNK));
+        }
+        self.chunks[chunk].push_str(name);
+        self.used += name.len();
         Some((at, len))
     }
 
     pub fn get(&self, at: u32, len: u32) -> &str {
-        &self.text[at as usize..(at + len) as usize]
+        let (at, len) = (at as usize, len as usize);
+        let offset = at % NAME_CHUNK;
+        &self.chunks[at / NAME_CHUNK][offset..offset + len]
     }
 
     /// A name at `len` bytes is no longer used.
@@ -100,12 +115,12 @@ impl Arena {
 
     /// Whether more than half of the arena is garbage (and it is worth a pass).
     pub fn wants_compaction(&self) -> bool {
-        self.garbage > 4096 && self.garbage * 2 > self.text.len()
+        self.garbage > 4096 && self.garbage * 2 > self.used
     }
 
     /// Starts a compacted copy: push every live name into it, then [`Arena::replace`].
     pub fn fresh(&self) -> Arena {
-        Arena { text: String::with_capacity(self.text.len() - self.garbage), garbage: 0 }
+        Arena::default()
     }
 
     pub fn replace(&mut self, compacted: Arena) {
@@ -115,12 +130,11 @@ impl Arena {
     /// Bytes of live names.
     #[cfg(test)]
     pub fn live_bytes(&self) -> usize {
-        self.text.len() - self.garbage
+        self.used - self.garbage
     }
 
     pub fn clear(&mut self) {
-        self.text = String::new();
-        self.garbage = 0;
+        *self = Arena::default();
     }
 }
 
