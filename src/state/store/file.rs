@@ -35,6 +35,18 @@ pub const LOCK_FILE: &str = ".kubecast.lock";
 
 /// Journal size below which no compaction happens, whatever the snapshot's size.
 const MIN_COMPACTION_BYTES: u64 = 64 * 1024;
+/// The read buffer of a snapshot being loaded.
+const READ_BUFFER: usize = 256 * 1024;
+
+/// The `version` of a snapshot that did not parse, read on its own (the rest skipped).
+fn version_of(path: &Path) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct Versioned {
+        version: u32,
+    }
+    let file = fs::File::open(path).ok()?;
+    serde_json::from_reader::<_, Versioned>(std::io::BufReader::new(file)).ok().map(|v| v.version)
+}
 
 /// `[uid, namespace, name, resourceVersion]`; namespace `""` for cluster-scoped objects.
 type Row = (String, String, String, String);
@@ -42,6 +54,7 @@ type Row = (String, String, String, String);
 /// A snapshot as read: its rows go straight into the compact index, one at a time.
 #[derive(Deserialize)]
 struct Snapshot {
+    version: u32,
     stream: StreamKey,
     #[serde(default)]
     cluster_uid: Option<String>,
@@ -270,10 +283,13 @@ impl FileStore {
     }
 
     /// `Ok(None)` when the stream has no checkpoint yet.
+    ///
+    /// The snapshot is parsed as it is read, each row straight into the index: a million
+    /// objects' 50 MB of rows are never held as text beside the index they become.
     pub fn load(&self, key: &StreamKey) -> Result<Option<Position>, CheckpointError> {
         let path = self.path(key);
-        let bytes = match fs::read(&path) {
-            Ok(b) => b,
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 if self.journal_path(key).exists() {
                     return Err(CheckpointError::Corrupt {
@@ -286,17 +302,20 @@ impl FileStore {
             }
             Err(cause) => return Err(CheckpointError::Read { path, cause }),
         };
+        let size = file.metadata().map_err(|cause| CheckpointError::Read { path: path.clone(), cause })?.len();
         let corrupt = |cause: String| CheckpointError::Corrupt { path: path.clone(), cause };
-        // Read the version first, so a future format is reported as such, not as corrupt.
-        #[derive(Deserialize)]
-        struct Versioned {
-            version: u32,
-        }
-        let v: Versioned = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
-        if v.version != 1 && v.version != FORMAT_VERSION {
-            return Err(CheckpointError::UnknownVersion { path, found: v.version });
-        }
-        let snap: Snapshot = serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+        let reader = std::io::BufReader::with_capacity(READ_BUFFER, file);
+        let snap = match serde_json::from_reader::<_, Snapshot>(reader) {
+            Ok(snap) if snap.version == 1 || snap.version == FORMAT_VERSION => snap,
+            Ok(snap) => return Err(CheckpointError::UnknownVersion { path, found: snap.version }),
+            // A future format may not parse as this one: reported as such, not as corrupt.
+            Err(e) => {
+                return Err(match version_of(&path) {
+                    Some(v) if v != 1 && v != FORMAT_VERSION => CheckpointError::UnknownVersion { path, found: v },
+                    _ => corrupt(e.to_string()),
+                });
+            }
+        };
         if &snap.stream != key {
             return Err(CheckpointError::OtherStream { path, found: format!("{:?}", snap.stream) });
         }
@@ -310,7 +329,7 @@ impl FileStore {
             floors: Vec::new(),
         };
         let (journal, last) = self.replay(key, snap.seq, &mut position)?;
-        self.set_files(key, Files { snapshot: Some(bytes.len() as u64), journal, next_seq: last.max(snap.seq) + 1 });
+        self.set_files(key, Files { snapshot: Some(size), journal, next_seq: last.max(snap.seq) + 1 });
         Ok(Some(position))
     }
 
