@@ -26,7 +26,7 @@ pub const IN_FLIGHT: usize = 64;
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by=kubecast-bench";
 /// How long after the list "steady state" is read: past kubecast's 10 s allocator purge epoch
 /// (`src/app/allocator.rs`), so memory freed after the list is given back before it is read.
-pub const SETTLE: Duration = Duration::from_secs(12);
+pub const SETTLE: Duration = Duration::from_secs(15);
 /// Only against hangs (a kubecast that never finishes its list): not a measured limit.
 pub const HANG_GUARD: Duration = Duration::from_secs(30 * 60);
 /// The kubecast log lines the benchmark waits for.
@@ -416,7 +416,7 @@ pub fn sum_samples(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])))
         .filter(|l| labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\""))))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .fold(0.0, |a, b| a + b)
 }
 
 /// The value of a string field `key="text"` in a text log line.

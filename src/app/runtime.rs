@@ -26,7 +26,7 @@ pub fn build() -> std::io::Result<Runtime> {
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         builder.worker_threads(WORKERS);
     }
-    builder.enable_all().build()
+    builder.on_thread_park(super::allocator::collect_when_idle).enable_all().build()
 }
 
 /// The runtime of the Lease keepers: one thread (`kubecast-lease`), started the first time it

@@ -33,6 +33,11 @@ pub async fn write_changed(store: &Store, checkpoints: &[Arc<StreamCheckpoint>])
     // The deltas: a full one copies the stream's whole index under its watermark's lock, on
     // the blocking pool, so no runtime thread does the copy (the queue's acknowledgements wait
     // on that lock only while it runs).
+    // Nothing changed (kubecast idle): no task on the blocking pool either, whose threads then
+    // end after their keep-alive and give their memory back.
+    if !checkpoints.iter().any(|cp| cp.is_dirty()) {
+        return store.write(&[]).await.map(|()| 0);
+    }
     let full: Vec<bool> = checkpoints.iter().map(|cp| store.wants_full(&cp.key)).collect();
     let taking = checkpoints.to_vec();
     let (deltas, which) = tokio::task::spawn_blocking(move || {

@@ -192,6 +192,11 @@ impl StreamCheckpoint {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// Whether anything changed since the last write (a `take` would give a delta).
+    pub fn is_dirty(&self) -> bool {
+        self.watermark.lock().expect("watermark lock").dirty
+    }
+
     /// See [`Watermark::take`].
     pub fn take(&self, full: bool) -> Option<Delta> {
         self.watermark.lock().expect("watermark lock").take(full)
