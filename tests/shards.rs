@@ -246,6 +246,50 @@ async fn a_lone_replica_takes_back_the_shards_it_lost_at_a_missed_renew_deadline
     assert!(kc.stop().success(), "{}", kc.log());
 }
 
+/// Two replicas of 4 shards started together (an install, a scale-up) take two shards each
+/// in their second round, each shard once: none takes every shard in its first round only to
+/// list them and hand two over, and they do not race for the same shards (each takes its own
+/// first). A retry period of 5 s: the replicas start well within it of each other.
+#[tokio::test(flavor = "multi_thread")]
+async fn replicas_started_together_take_their_share_without_a_handover() {
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "shards-join").await;
+    for i in 0..20 {
+        create_cm(&client, &ns.name, &format!("join-{i}"), json!({}), json!({"v": "1"})).await;
+    }
+    let (config, checkpoint) = sharded(&ns.name, &common::unique("lease"), 4, &common::unique("shards-state"));
+    let config = config
+        .replace("lease_duration_seconds = 4\n", "lease_duration_seconds = 20\n")
+        .replace("renew_deadline_seconds = 2\n", "renew_deadline_seconds = 10\n")
+        .replace("retry_period_seconds = 1\n", "retry_period_seconds = 5\n");
+    assert!(config.contains("retry_period_seconds = 5"), "{config}");
+    let mut a = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+    let mut b = Kubecast::start_with_checkpoint(&config, &checkpoint, &[]);
+    let per = wait_spread(&mut [&mut a, &mut b], 4, &[2, 2], "2 replicas").await;
+    // Every object once, from the two lists of each replica's shards.
+    let names: BTreeSet<String> = (0..20).map(|i| format!("{}/join-{i}", ns.name)).collect();
+    let subjects = |kc: &Kubecast| -> Vec<String> {
+        kc.events().iter().filter_map(|e| e["subject"].as_str()).filter(|s| names.contains(*s)).map(String::from).collect()
+    };
+    let deadline = Instant::now() + WAIT;
+    while subjects(&a).len() + subjects(&b).len() < names.len() {
+        assert!(Instant::now() < deadline, "not every object listed:\n{}\n-----\n{}", a.log(), b.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (kc, shards) in [(&a, &per[0]), (&b, &per[1])] {
+        let log = kc.log();
+        assert!(log.contains("joined the group: taking shards from the next round on"), "{log}");
+        assert_eq!(log.matches("holding the shard's lease").count(), 2, "took only its own {shards:?}:\n{log}");
+        assert!(!log.contains("giving this shard up"), "handed a shard over:\n{log}");
+        assert_eq!(log.matches("list complete").count(), 2, "listed its two shards only:\n{log}");
+    }
+    let mut all = subjects(&a);
+    all.extend(subjects(&b));
+    all.sort();
+    assert_eq!(all, names.into_iter().collect::<Vec<_>>(), "each object once, by one replica");
+    assert!(a.stop().success() && b.stop().success());
+}
+
 /// One replica running 4 shards and an unsharded kubecast on the same ConfigMaps emit the
 /// same events (ids, in the same order per object), whether the apiserver applies the shard
 /// selector or kubecast filters by the same hash itself; `kubecast_shard_skipped_total` says

@@ -7,7 +7,8 @@
 //! Leases (`coordination::members`), and decides what to take and give up
 //! (`coordination::assignment::decide`): free shards are taken (the least busy replicas first), and
 //! the busiest replica gives one up when another holds two fewer, or when it holds more than
-//! `ceil(N / R)`. Giving up is a clean stop of that shard: its streams drain, its last
+//! `ceil(N / R)`. A replica takes nothing in its first round: one retry period after its member
+//! Lease is written, the replicas that started with it are in its view. Giving up is a clean stop of that shard: its streams drain, its last
 //! checkpoint is written, then its Lease is released and the next holder takes it at once. A
 //! shard whose Lease is lost (this replica paused past its renew deadline, or fenced by the
 //! store) stops at once without writing; the replica goes on with the others. Any other
@@ -113,6 +114,11 @@ struct Coordinator {
     running: BTreeMap<Shard, CancellationToken>,
     /// The shard being given up (one at a time).
     releasing: Option<Shard>,
+    /// Whether a round has passed since this replica's member Lease was first written: it takes
+    /// no shard before, so that the replicas starting with it (a rollout, a scale-up, a shard
+    /// count change) are in its view and it takes its share, not every shard, only to hand most
+    /// of them over again after listing them.
+    joined: bool,
     failure: Option<RunError>,
     cancel: CancellationToken,
 }
@@ -131,6 +137,7 @@ impl Coordinator {
             units: JoinSet::new(),
             running: BTreeMap::new(),
             releasing: None,
+            joined: false,
             failure: None,
             shared,
             cfg,
@@ -198,7 +205,14 @@ impl Coordinator {
             .collect();
         let others = group.other_counts.iter().map(|o| o.identity.as_str());
         let view = View::of(&self.identity, group.members.clone(), others, seen);
-        let decision = decide(&self.identity, count, &view);
+        let mut decision = decide(&self.identity, count, &view);
+        if !self.joined {
+            self.joined = true;
+            if !decision.acquire.is_empty() {
+                info!(replicas = view.members.len(), "joined the group: taking shards from the next round on, with the replicas that start beside this one in view");
+                decision.acquire.clear();
+            }
+        }
         if let Some(s) = decision.release
             && self.releasing.is_none()
             && self.running.contains_key(&s)

@@ -9,7 +9,9 @@
 //!   identity) gives one up when it holds more than one shard more than the least busy
 //!   replica: a new replica gets its shards by a clean handover, without waiting for a crash;
 //! - a replica takes free shards while it holds fewer than `ceil` and no more than any other
-//!   live replica: the least busy take first.
+//!   live replica: the least busy take first. Replicas holding as many shards as each other
+//!   start at different free shards (the k-th of them by identity at the k-th), so replicas
+//!   starting together take different shards in the same round instead of racing for one.
 //!
 //! One release per decision (the next waits until the others have seen it), so the replicas
 //! converge to holding `floor(N / R)` or `ceil(N / R)` shards each (2/1/1 for 4 shards on 3
@@ -103,6 +105,12 @@ pub fn decide(me: &str, count: u32, view: &View) -> Decision {
         }
         return decision;
     }
+    let peers = held.iter().filter(|(_, v)| v.len() == mine.len()).map(|(k, _)| *k);
+    let rank = peers.take_while(|k| *k != me).count();
+    // Each of them takes one shard per round (no more than any other), so the k-th starts at
+    // the k-th free one.
+    let start = rank % free.len();
+    free.rotate_left(start);
     for (have, shard) in (mine.len()..).zip(free) {
         if have >= ceil || min_other.is_some_and(|m| have > m) {
             break;
@@ -147,11 +155,21 @@ mod tests {
     }
 
     #[test]
-    fn replicas_starting_together_take_one_each_first() {
+    fn replicas_starting_together_take_one_different_shard_each_first() {
         let v = view(&["a", "b", "c"], &[None, None, None, None]);
-        for me in ["a", "b", "c"] {
-            assert_eq!(indexes(&decide(me, 4, &v).acquire), [0], "{me}");
+        for (me, shard) in [("a", 0), ("b", 1), ("c", 2)] {
+            assert_eq!(indexes(&decide(me, 4, &v).acquire), [shard], "{me}");
         }
+        // Two of them hold one each: the third, alone with none, takes from the first free.
+        let v = view(&["a", "b", "c"], &[Some("a"), Some("b"), None, None]);
+        assert_eq!(indexes(&decide("c", 4, &v).acquire), [2, 3]);
+        // 8 shards on 4 replicas: one each per round, different ones.
+        let v = view(&["a", "b", "c", "d"], &[None; 8]);
+        let all: Vec<u32> = ["a", "b", "c", "d"].iter().flat_map(|me| indexes(&decide(me, 8, &v).acquire)).collect();
+        assert_eq!(all, [0, 1, 2, 3]);
+        let v = view(&["a", "b", "c", "d"], &[Some("a"), Some("b"), Some("c"), Some("d"), None, None, None, None]);
+        let all: Vec<u32> = ["a", "b", "c", "d"].iter().flat_map(|me| indexes(&decide(me, 8, &v).acquire)).collect();
+        assert_eq!(all, [4, 5, 6, 7]);
     }
 
     #[test]
