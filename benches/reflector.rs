@@ -47,7 +47,6 @@ const DEFAULT_OBJECTS: &[usize] = &[10_000, 100_000];
 /// Bytes of `data` per ConfigMap.
 const PAYLOAD_BYTES: usize = 1000;
 
-
 #[tokio::main]
 async fn main() -> Result<()> {
     let sizes = parse_args()?;
@@ -320,4 +319,3 @@ fn print_table(rows: &[Row], baseline: &Mem) {
         }
     }
 }
-

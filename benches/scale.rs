@@ -113,13 +113,20 @@ fn parse_args() -> Result<(Vec<usize>, Duration)> {
             "--objects" => {
                 sizes = value()?
                     .split(',')
-                    .map(|s| s.trim().replace('_', "").parse::<usize>().with_context(|| format!("--objects: bad number {s:?}")))
+                    .map(|s| {
+                        s.trim()
+                            .replace('_', "")
+                            .parse::<usize>()
+                            .with_context(|| format!("--objects: bad number {s:?}"))
+                    })
                     .collect::<Result<_>>()?;
                 if sizes.contains(&0) {
                     bail!("--objects: sizes must be at least 1");
                 }
             }
-            "--rest-seconds" => rest = Duration::from_secs(value()?.parse().context("--rest-seconds: a number of seconds")?),
+            "--rest-seconds" => {
+                rest = Duration::from_secs(value()?.parse().context("--rest-seconds: a number of seconds")?)
+            }
             "--bench" => {}
             other => eprintln!(
                 "ignoring argument {other:?} (usage: cargo bench --bench scale -- --objects 100000,1000000 --rest-seconds 300)"
@@ -170,7 +177,16 @@ impl Cluster {
     /// etcd's database size in bytes (its gRPC gateway's status).
     async fn etcd_db_bytes(&self) -> Option<u64> {
         let out = Command::new("curl")
-            .args(["-fsS", "--max-time", "5", "-X", "POST", "-d", "{}", &format!("{}/v3/maintenance/status", self.etcd)])
+            .args([
+                "-fsS",
+                "--max-time",
+                "5",
+                "-X",
+                "POST",
+                "-d",
+                "{}",
+                &format!("{}/v3/maintenance/status", self.etcd),
+            ])
             .output()
             .ok()?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
@@ -204,7 +220,8 @@ struct Requests {
 impl Requests {
     fn of(metrics: &str) -> Requests {
         let name = "kubecast_apiserver_requests_total";
-        let (list, watch) = (sum_samples(metrics, name, &[("verb", "list")]), sum_samples(metrics, name, &[("verb", "watch")]));
+        let (list, watch) =
+            (sum_samples(metrics, name, &[("verb", "list")]), sum_samples(metrics, name, &[("verb", "watch")]));
         Requests { list, watch, other: sum_samples(metrics, name, &[]) - list - watch }
     }
 
@@ -383,7 +400,9 @@ async fn ensure_objects(cluster: &Cluster, api: &Api<ConfigMap>, ns: &str, n: us
     let took = t.elapsed();
     let now = count_configmaps(&cluster.client, ns).await? as usize;
     if now != n {
-        bail!("{ns} holds {now} ConfigMaps after creating, not {n}: clean it (tests/env/scale down --clean) and run again");
+        bail!(
+            "{ns} holds {now} ConfigMaps after creating, not {n}: clean it (tests/env/scale down --clean) and run again"
+        );
     }
     Ok((n - have, took))
 }
@@ -402,7 +421,8 @@ impl Figures {
             );
         }
         let s = &self.snapshot_phase;
-        let goal = if n >= 1_000_000 { format!(" (goal at 1M: <= {GOAL_SNAPSHOT_S_AT_1M:.0} s)") } else { String::new() };
+        let goal =
+            if n >= 1_000_000 { format!(" (goal at 1M: <= {GOAL_SNAPSHOT_S_AT_1M:.0} s)") } else { String::new() };
         println!(
             "  snapshot: list complete at {:.2} s ({}), all {n} events in the sink at {:.2} s{goal}",
             secs(self.snapshot.wall),
@@ -410,7 +430,8 @@ impl Figures {
             secs(self.snapshot_sink)
         );
         println!("    {}", s.describe());
-        let steady_goal = if n >= 1_000_000 { format!(" (goal at 1M: <= {GOAL_STEADY_MB_AT_1M:.0} MB)") } else { String::new() };
+        let steady_goal =
+            if n >= 1_000_000 { format!(" (goal at 1M: <= {GOAL_STEADY_MB_AT_1M:.0} MB)") } else { String::new() };
         println!(
             "  steady after the snapshot: RSS {:.1} MiB{steady_goal}, {} B per object above the baseline; peak {:.1} MiB",
             mb(self.steady.rss_kb),
@@ -459,7 +480,11 @@ impl Figures {
             ev.added,
             ev.total(),
             ch.total(),
-            if (ev.modified, ev.deleted, ev.added) == (ch.modified, ch.deleted, ch.created) { "" } else { "  <-- MISMATCH" }
+            if (ev.modified, ev.deleted, ev.added) == (ch.modified, ch.deleted, ch.created) {
+                ""
+            } else {
+                "  <-- MISMATCH"
+            }
         );
         println!(
             "    peak RSS {:.1} MiB = {ratio:.2}x the steady RSS when resumed, {ratio_snapshot:.2}x after the snapshot \
@@ -487,7 +512,8 @@ impl Phase {
 async fn print_machine(cluster: &Cluster) {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|m| m.trim_start_matches([' ', '\t', ':']));
+    let model =
+        cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|m| m.trim_start_matches([' ', '\t', ':']));
     let mem_gib = fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse::<f64>().ok())

@@ -269,7 +269,12 @@ async fn replicas_started_together_take_their_share_without_a_handover() {
     // Every object once, from the two lists of each replica's shards.
     let names: BTreeSet<String> = (0..20).map(|i| format!("{}/join-{i}", ns.name)).collect();
     let subjects = |kc: &Kubecast| -> Vec<String> {
-        kc.events().iter().filter_map(|e| e["subject"].as_str()).filter(|s| names.contains(*s)).map(String::from).collect()
+        kc.events()
+            .iter()
+            .filter_map(|e| e["subject"].as_str())
+            .filter(|s| names.contains(*s))
+            .map(String::from)
+            .collect()
     };
     let deadline = Instant::now() + WAIT;
     while subjects(&a).len() + subjects(&b).len() < names.len() {

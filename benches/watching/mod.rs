@@ -323,7 +323,12 @@ impl Run {
     }
 
     /// Waits until the sink holds `lines` events; the time since start, or `None` after `guard`.
-    pub async fn wait_lines(&mut self, counter: &mut LineCounter, lines: u64, guard: Duration) -> Result<Option<Duration>> {
+    pub async fn wait_lines(
+        &mut self,
+        counter: &mut LineCounter,
+        lines: u64,
+        guard: Duration,
+    ) -> Result<Option<Duration>> {
         let deadline = Instant::now() + guard;
         loop {
             if counter.poll()? >= lines {
@@ -402,7 +407,8 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
     // Fields after the command name, which is in parentheses: state is the first, utime the
     // 12th, stime the 13th, in clock ticks.
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let tick = |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).with_context(|| format!("/proc/{pid}/stat"));
+    let tick =
+        |i: usize| fields.get(i).and_then(|v| v.parse::<f64>().ok()).with_context(|| format!("/proc/{pid}/stat"));
     // SAFETY: sysconf reads a constant of the system.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Ok((tick(11)? + tick(12)?) / hz)

@@ -209,7 +209,10 @@ impl Coordinator {
         if !self.joined {
             self.joined = true;
             if !decision.acquire.is_empty() {
-                info!(replicas = view.members.len(), "joined the group: taking shards from the next round on, with the replicas that start beside this one in view");
+                info!(
+                    replicas = view.members.len(),
+                    "joined the group: taking shards from the next round on, with the replicas that start beside this one in view"
+                );
                 decision.acquire.clear();
             }
         }

@@ -30,8 +30,8 @@ use std::hash::BuildHasher;
 
 use hashbrown::HashTable;
 
-pub use self::encoding::UidRef;
 use self::chunked::Chunked;
+pub use self::encoding::UidRef;
 use self::encoding::{parse_rv, parse_uuid};
 pub use self::entry::{Index, IndexEntry};
 use self::strings::{Arena, Namespaces};
