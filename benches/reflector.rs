@@ -250,20 +250,7 @@ fn print_details(r: &Row, baseline: &Mem) {
         secs(r.expiry_wait)
     );
     println!("  relist-diff: list complete at {:.2} s after restart ({})", secs(r.relist.wall), r.relist.describe());
-    println!(
-        "  relist-diff events: {} modified, {} deleted, {} added = {} (expected {}){}{}",
-        ev.modified,
-        ev.deleted,
-        ev.added,
-        ev.total(),
-        ch.total(),
-        if (ev.modified, ev.deleted, ev.added) == (ch.modified, ch.deleted, ch.created) {
-            ""
-        } else {
-            "  <-- MISMATCH"
-        },
-        if ev.not_resync > 0 { format!("  ({} not origin=resync)", ev.not_resync) } else { String::new() }
-    );
+    println!("  relist-diff events: {}", ev.against(ch));
     println!("  relist-diff memory: peak {}", mib(r.relist_mem.hwm_kb));
     println!(
         "  resumed from the checkpoint: steady {}, peak {}, {} B per object{}",

@@ -472,19 +472,10 @@ impl Figures {
         let ratio = mb(p.mem.hwm_kb) / mb(self.resume_steady.rss_kb);
         let ratio_snapshot = mb(p.mem.hwm_kb) / mb(self.steady.rss_kb);
         println!(
-            "  relist after 410 Gone: list complete at {:.2} s ({}); {} modified, {} deleted, {} added = {} events for {} changes{}",
+            "  relist after 410 Gone: list complete at {:.2} s ({}); {}",
             secs(self.relist.wall),
             self.relist.describe(),
-            ev.modified,
-            ev.deleted,
-            ev.added,
-            ev.total(),
-            ch.total(),
-            if (ev.modified, ev.deleted, ev.added) == (ch.modified, ch.deleted, ch.created) {
-                ""
-            } else {
-                "  <-- MISMATCH"
-            }
+            ev.against(ch)
         );
         println!(
             "    peak RSS {:.1} MiB = {ratio:.2}x the steady RSS when resumed, {ratio_snapshot:.2}x after the snapshot \

@@ -55,6 +55,27 @@ pub struct DiffEvents {
 }
 
 impl DiffEvents {
+    /// "10 modified, 5 deleted, 5 added = 20 events for 20 changes", marked where they differ
+    /// from `changes` or an event is not a resync.
+    pub fn against(&self, changes: &Changes) -> String {
+        let same = (self.modified, self.deleted, self.added) == (changes.modified, changes.deleted, changes.created);
+        let mut out = format!(
+            "{} modified, {} deleted, {} added = {} events for {} changes",
+            self.modified,
+            self.deleted,
+            self.added,
+            self.total(),
+            changes.total()
+        );
+        if !same {
+            out += "  <-- MISMATCH";
+        }
+        if self.not_resync > 0 {
+            out += &format!("  ({} not origin=resync)", self.not_resync);
+        }
+        out
+    }
+
     pub fn total(&self) -> usize {
         self.added + self.modified + self.deleted
     }
