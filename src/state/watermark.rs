@@ -29,6 +29,9 @@ type Uids = HashSet<String, foldhash::fast::RandomState>;
 /// restart (duplicates, never a loss), and the position stays writable.
 pub const MAX_ACKED_AHEAD: usize = 4096;
 
+/// The set of changed uids keeps its table between writes up to this many entries.
+const KEEP_CHANGED: usize = 4096;
+
 /// The ordered watermark of one stream.
 #[derive(Debug)]
 pub struct Watermark {
@@ -91,15 +94,15 @@ impl Watermark {
         let mut acked = self.index.lock();
         self.changed.extend(effect.op().map(|op| op.uid().to_owned()));
         self.snapshot &= !matches!(effect, Effect::Listed { .. });
-        effect.apply(&mut self.resource_version, &mut acked.objects);
+        acked.apply(effect, &mut self.resource_version);
         self.next += 1;
         while let Some(e) = self.ahead.remove(&self.next) {
             self.changed.extend(e.op().map(|op| op.uid().to_owned()));
             self.snapshot &= !matches!(e, Effect::Listed { .. });
-            e.apply(&mut self.resource_version, &mut acked.objects);
+            acked.apply(e, &mut self.resource_version);
             self.next += 1;
         }
-        acked.applied = self.next;
+        debug_assert_eq!(acked.applied, self.next, "the shared index is applied up to the watermark");
         self.dirty = true;
     }
 
@@ -149,6 +152,10 @@ impl Watermark {
                 Some(_) => {}
                 None => d.removes.push(uid),
             }
+        }
+        if self.changed.capacity() > KEEP_CHANGED {
+            // Sized for a list's burst (tens of thousands of uids a second): given back.
+            self.changed.shrink_to(0);
         }
         if full {
             // A copy of the compact index (its slots and name arena), not of its strings.

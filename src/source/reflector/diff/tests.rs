@@ -45,7 +45,7 @@ fn list_one(s: &mut Stream, uid: &str, e: &IndexEntry) -> Option<Verb> {
 
 #[test]
 fn a_listed_object_is_added_modified_or_unchanged() {
-    let mut s = Stream::new(index(&[("u1", "1"), ("u2", "2")]), 1024);
+    let mut s = Stream::new(index(&[("u1", "1"), ("u2", "2")]));
     assert_eq!(list_one(&mut s, "u3", &entry("u3", "3")), Some(Verb::Added));
     assert_eq!(s.view.get("u3"), Some(entry("u3", "3")), "the emitted change is in the view at once");
     assert_eq!(list_one(&mut s, "u1", &entry("u1", "5")), Some(Verb::Modified));
@@ -62,7 +62,7 @@ fn a_listed_object_is_added_modified_or_unchanged() {
 
 #[test]
 fn tombstones_are_what_the_list_did_not_contain() {
-    let mut s = Stream::new(index(&[("u1", "1"), ("u2", "2"), ("u3", "3")]), 1024);
+    let mut s = Stream::new(index(&[("u1", "1"), ("u2", "2"), ("u3", "3")]));
     // u4 emitted and not yet acknowledged, u3 removed by an item still in flight.
     s.emit(Effect::Diffed(IndexOp::Upsert("u4".into(), entry("u4", "4"))));
     s.emit(Effect::Watched { op: IndexOp::Remove("u3".into()), rv: "5".into() });
@@ -166,9 +166,8 @@ proptest! {
         list in objects(),
         order in proptest::collection::vec(any::<prop::sample::Index>(), 0..16),
         acks in proptest::collection::vec(0usize..4, 64),
-        floor in 1usize..4,
     ) {
-        let mut s = Stream::new(as_index(&start), floor);
+        let mut s = Stream::new(as_index(&start));
         let mut acks = acks.into_iter().cycle();
         // The index before the list: the start and the watch events after it.
         let mut before = start.clone();
@@ -217,9 +216,10 @@ proptest! {
         prop_assert_eq!(emitted, want);
         prop_assert_eq!(s.view.to_index(), as_index(&list));
         prop_assert_eq!(s.view.len(), list.len());
-        prop_assert!(s.view.pending() <= s.overlay_bound(floor), "the overlay is bounded by what is in flight");
+        prop_assert!(s.view.pending() <= s.in_flight(), "the overlay holds no more than what is in flight");
         s.ack_all();
         prop_assert_eq!(s.acked(), as_index(&list));
+        prop_assert_eq!(s.view.pending(), 0, "nothing in flight, nothing in the overlay");
     }
 
     /// Watch events keep the index equal to a model of it, move the resume point to each
@@ -231,7 +231,7 @@ proptest! {
         ahead in proptest::collection::btree_set((0u8..24, 0u8..6), 0..6),
         acks in proptest::collection::vec(0usize..3, 24),
     ) {
-        let mut s = Stream::new(as_index(&before), 2);
+        let mut s = Stream::new(as_index(&before));
         let mut model = before.clone();
         let mut acked: HashSet<(String, String)> =
             ahead.iter().map(|(u, rv)| (uid(*u), rv_text(*rv))).collect();

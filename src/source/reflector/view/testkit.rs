@@ -18,12 +18,11 @@ pub(in crate::source::reflector) struct Stream {
 }
 
 impl Stream {
-    /// A stream whose acknowledged index starts as `start`; its overlay is pruned from
-    /// `floor` entries on.
-    pub fn new(start: Index, floor: usize) -> Self {
+    /// A stream whose acknowledged index starts as `start`.
+    pub fn new(start: Index) -> Self {
         let acked = SharedIndex::new(ObjectIndex::from(start));
         Self {
-            view: IndexView::with_floor(acked.clone(), floor),
+            view: IndexView::new(acked.clone()),
             acked,
             in_flight: VecDeque::new(),
             seq: 0,
@@ -45,8 +44,7 @@ impl Stream {
         let mut acked = self.acked.lock();
         for _ in 0..n {
             let Some(effect) = self.in_flight.pop_front() else { break };
-            effect.apply(&mut self.resume, &mut acked.objects);
-            acked.applied += 1;
+            acked.apply(effect, &mut self.resume);
         }
     }
 
@@ -58,10 +56,9 @@ impl Stream {
         self.in_flight.len()
     }
 
-    /// The bound of the view's overlay: twice the most items in flight at once (and not
-    /// below the floor it is pruned from).
-    pub fn overlay_bound(&self, floor: usize) -> usize {
-        (2 * self.most_in_flight).max(floor)
+    /// The most items in flight at once so far.
+    pub fn most_in_flight(&self) -> usize {
+        self.most_in_flight
     }
 
     /// The acknowledged index.

@@ -16,7 +16,7 @@ fn remove(uid: &str, rv: u64) -> Effect {
 #[test]
 fn the_view_reads_the_last_emitted_change_before_the_acknowledged_index() {
     let start: Index = [("a".to_string(), entry(1)), ("b".to_string(), entry(2))].into_iter().collect();
-    let mut s = Stream::new(start, 1);
+    let mut s = Stream::new(start);
     s.emit(upsert("a", 3));
     s.emit(remove("b", 4));
     s.emit(upsert("c", 5));
@@ -38,7 +38,7 @@ fn the_view_reads_the_last_emitted_change_before_the_acknowledged_index() {
     s.emit(upsert("g", 11));
     s.emit(remove("g", 12));
     s.emit(upsert("h", 13));
-    // Pruned as it reached twice its size after the last pruning (4): f, g and h are left.
+    // Everything before f was acknowledged: f, g and h are left.
     assert_eq!(s.view.pending(), 3, "acknowledged changes left the overlay");
     assert_eq!(s.view.get("a"), Some(entry(6)), "now from the acknowledged index");
     assert_eq!((s.view.get("g"), s.view.len()), (None, 6));
@@ -53,19 +53,19 @@ fn the_view_reads_the_last_emitted_change_before_the_acknowledged_index() {
 }
 
 #[test]
-fn the_overlay_stays_within_twice_what_is_in_flight() {
-    let mut s = Stream::new(Index::default(), 1024);
-    let mut most = 0;
+fn the_overlay_holds_no_more_than_what_is_in_flight() {
+    let mut s = Stream::new(Index::default());
     for i in 0..100_000u64 {
         s.emit(upsert(&format!("u{i}"), i));
         // 500 items in flight at most, as a queue would keep them.
         if s.in_flight() > 500 {
             s.ack(s.in_flight() - 500);
         }
-        most = most.max(s.view.pending());
+        assert!(s.view.pending() <= s.in_flight());
     }
-    assert!(most <= 2048, "the overlay held {most} entries for 500 in flight");
+    assert_eq!(s.most_in_flight(), 501);
     assert_eq!(s.view.len(), 100_000);
     s.ack_all();
     assert_eq!(s.acked().len(), 100_000);
+    assert_eq!(s.view.pending(), 0, "all acknowledged: the overlay is empty");
 }
