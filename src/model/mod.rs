@@ -23,7 +23,7 @@ pub use attributes::{AttributeValue, Attributes, ExtensionValue};
 pub use budget::{Budget, Part};
 pub use event::{Change, CloudEvent, EventError, EventSource};
 pub use fields::{Fields, TypeFields};
-pub use index::{EntryRef, Index, IndexEntry, ObjectIndex, Rv, UidSet};
+pub use index::{EntryRef, Index, IndexEntry, ObjectIndex, Rv, UidList, UidSet};
 pub use object::RawObject;
 pub use position::{Effect, IndexOp, Position};
 pub use problem::Problem;

@@ -35,7 +35,7 @@ pub use self::encoding::UidRef;
 use self::encoding::{parse_rv, parse_uuid};
 pub use self::entry::{Index, IndexEntry};
 use self::strings::{Arena, Namespaces};
-pub use self::uid_set::UidSet;
+pub use self::uid_set::{UidList, UidSet};
 
 /// One compact entry: 36 bytes, no pointer.
 #[derive(Debug, Clone, Copy)]

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 use super::diff;
 use super::spec::{Initial, ReflectorError};
 use super::state::{Closed, LIST_ANSWER_TIMEOUT, OpenWatch, Reflector, State, answered, is_gone};
-use crate::model::{Effect, IndexOp, Origin, RawObject, UidSet, Verb};
+use crate::model::{Effect, IndexOp, Origin, RawObject, UidList, Verb};
 use crate::observe::kube_error::in_words;
 
 /// Streaming lists in a row cut before their initial state was complete, after which a stream
@@ -29,8 +29,11 @@ struct ListDiff {
     origin: Origin,
     /// `initial = "now"` on the first list: index, but emit no change (items without one).
     silent: bool,
-    /// Uids the list contained so far.
-    seen: UidSet,
+    /// Uids the list contained so far; `None` when the index held no object as the list
+    /// began (a first list: nothing can be missing from it).
+    seen: Option<UidList>,
+    /// Objects the list contained so far.
+    objects: usize,
     emitted: usize,
     started: Instant,
     /// When progress was last logged.
@@ -43,7 +46,8 @@ impl Reflector {
         let mut list = ListDiff {
             origin,
             silent: !self.listed_once && self.spec.initial == Initial::Now && !self.snapshot_requested,
-            seen: UidSet::new(),
+            seen: self.seen_list(),
+            objects: 0,
             emitted: 0,
             started,
             reported: started,
@@ -74,6 +78,13 @@ impl Reflector {
         Ok(Ok(State::Watching { rv: list_rv, open: None }))
     }
 
+    /// Where a list starting now collects its uids: room for the objects the index holds;
+    /// none when it holds none (no object can be missing from the list).
+    fn seen_list(&self) -> Option<UidList> {
+        let held = self.index.len();
+        (held > 0).then(|| UidList::with_capacity(held + held / 16))
+    }
+
     /// Diffs one listed object against the index and emits its change, if any.
     async fn diff_item(&mut self, list: &mut ListDiff, obj: RawObject) -> Result<(), Closed> {
         let Some((uid, entry)) = diff::index_entry(&obj.metadata) else {
@@ -83,17 +94,20 @@ impl Reflector {
         if self.foreign(&uid) {
             return Ok(());
         }
-        list.seen.insert(&uid);
+        if let Some(seen) = &mut list.seen {
+            seen.insert(&uid);
+        }
+        list.objects += 1;
         if list.reported.elapsed() >= PROGRESS_EVERY {
             list.reported = Instant::now();
             let secs = list.started.elapsed().as_secs_f64();
             info!(
                 stream = %self.spec.name,
-                objects = list.seen.len(),
+                objects = list.objects,
                 events = list.emitted,
-                per_second = (list.seen.len() as f64 / secs.max(1e-3)) as u64,
+                per_second = (list.objects as f64 / secs.max(1e-3)) as u64,
                 origin = list.origin.as_str(),
-                "listing: {} objects so far", list.seen.len()
+                "listing: {} objects so far", list.objects
             );
         }
         let Some(verb) = diff::listed(&self.index, &uid, &entry) else {
@@ -111,7 +125,10 @@ impl Reflector {
     /// After the last listed object: objects the index has but the list had not were deleted
     /// while the stream was not watching. Then the item that moves the checkpoint to `rv`.
     async fn finish_diff(&mut self, list: ListDiff, rv: String, started: Instant, mode: &str) -> Result<(), Closed> {
-        let gone = self.index.absent_from(&list.seen);
+        let gone = match list.seen {
+            Some(seen) => self.index.absent_from(&seen.into_set()),
+            None => Vec::new(),
+        };
         let deleted = gone.len();
         for (uid, entry) in gone {
             let object = diff::tombstone(self.target().source.api_resource(), &uid, &entry);
@@ -183,13 +200,16 @@ impl Reflector {
                     warn!(
                         stream = %self.spec.name,
                         pages,
-                        objects = list.seen.len(),
+                        objects = list.objects,
                         "continue token expired (the apiserver compacted the list's resourceVersion); listing again in one unpaginated request"
                     );
                     self.metrics.full_lists.inc();
                     token = None;
                     paginated = false;
-                    list.seen.clear();
+                    // The pages read so far are in the index now: what they held is
+                    // compared with the new list too.
+                    list.seen = self.seen_list();
+                    list.objects = 0;
                     continue;
                 }
                 Err(e) => return Err(e),

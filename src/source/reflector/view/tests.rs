@@ -1,5 +1,5 @@
 use super::testkit::Stream;
-use crate::model::{Effect, Index, IndexEntry, IndexOp, UidSet};
+use crate::model::{Effect, Index, IndexEntry, IndexOp, UidList};
 
 fn entry(rv: u64) -> IndexEntry {
     IndexEntry { namespace: Some("ns".into()), name: "n".into(), resource_version: rv.to_string() }
@@ -42,11 +42,11 @@ fn the_view_reads_the_last_emitted_change_before_the_acknowledged_index() {
     assert_eq!(s.view.pending(), 3, "acknowledged changes left the overlay");
     assert_eq!(s.view.get("a"), Some(entry(6)), "now from the acknowledged index");
     assert_eq!((s.view.get("g"), s.view.len()), (None, 6));
-    let mut seen = UidSet::new();
+    let mut seen = UidList::new();
     for uid in ["a", "c", "d"] {
         seen.insert(uid);
     }
-    let mut absent = s.view.absent_from(&seen);
+    let mut absent = s.view.absent_from(&seen.into_set());
     absent.sort_by(|x, y| x.0.cmp(&y.0));
     let want = [("e", 9), ("f", 10), ("h", 13)].map(|(u, rv)| (u.to_string(), entry(rv)));
     assert_eq!(absent, want);
