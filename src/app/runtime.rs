@@ -9,16 +9,26 @@
 //!
 //! The standard `TOKIO_WORKER_THREADS` variable overrides the number of workers.
 //!
+//! Threads of the blocking pool end after 2 s without work (tokio's default: 10 s). What a
+//! thread frees stays in its allocator heap until the thread allocates again or ends; the
+//! blocking pool's threads free large buffers (a checkpoint's full rewrite copies the index,
+//! 70 MB at a million objects; the file sink's batches) and then sit idle. 2 s is past the
+//! checkpoint's default flush interval (1 s), so steady writes keep reusing one thread.
+//!
 //! The Lease keepers run apart, on a thread of their own with a kube client of their own
 //! ([`lease_thread`]): a worker kept busy (a large relist-diff, a burst of events) or held up
 //! by a call that blocks never delays a renewal, so a busy process does not lose its Lease.
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::runtime::{Builder, Handle, Runtime};
 
 /// Worker threads unless `TOKIO_WORKER_THREADS` says otherwise.
 pub const WORKERS: usize = 1;
+
+/// How long a thread of the blocking pool waits for work before it ends.
+pub const BLOCKING_KEEP_ALIVE: Duration = Duration::from_secs(2);
 
 /// Builds the runtime: `WORKERS` workers (or `TOKIO_WORKER_THREADS`), timers and I/O.
 pub fn build() -> std::io::Result<Runtime> {
@@ -26,7 +36,11 @@ pub fn build() -> std::io::Result<Runtime> {
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
         builder.worker_threads(WORKERS);
     }
-    builder.on_thread_park(super::allocator::collect_when_idle).enable_all().build()
+    builder
+        .on_thread_park(super::allocator::collect_when_idle)
+        .thread_keep_alive(BLOCKING_KEEP_ALIVE)
+        .enable_all()
+        .build()
 }
 
 /// The runtime of the Lease keepers: one thread (`kubecast-lease`), started the first time it
