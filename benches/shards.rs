@@ -22,7 +22,7 @@
 //! running; with `KUBECAST_ENV_FILE` set, that environment as it is), and with `--gate on`
 //! `tests/env/sharded` (started if needed). See docs/performance.md.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -79,6 +79,22 @@ fn usage(pid: u32) -> (f64, f64) {
     (ticks / 100.0, hwm / 1024.0)
 }
 
+/// CPU seconds of each kind of thread of a running process (its name without trailing digits:
+/// `rdk:broker1` -> `rdk:broker`), from /proc: where a replica's CPU went.
+fn thread_cpu(pid: u32) -> BTreeMap<String, f64> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return out };
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit()).to_string();
+        let f: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks: f64 = [11, 12].iter().filter_map(|&i| f.get(i)?.parse::<f64>().ok()).sum();
+        *out.entry(name).or_insert(0.0) += ticks / 100.0;
+    }
+    out
+}
+
 /// The sum of the samples of a metric family whose lines start with `prefix`.
 async fn metric(kc: &mut Kubecast, prefix: &str) -> f64 {
     let (_, metrics) = kc.admin_get("/metrics").await;
@@ -93,6 +109,8 @@ struct Figures {
     /// MB received from the apiserver, per replica.
     received: Vec<f64>,
     skipped: f64,
+    /// CPU seconds per kind of thread of the replica that used the most CPU.
+    threads: BTreeMap<String, f64>,
 }
 
 /// Where the replicas run: the apiserver's kubeconfig (`None`: the environment's default).
@@ -147,8 +165,15 @@ async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, 
     until(&kcs, "modified", n, "the changes").await?;
     let changes = patched.elapsed();
     let (mut cpu, mut rss, mut received, mut skip) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
+    let mut threads = BTreeMap::new();
     for kc in &mut kcs {
-        let (c, r) = usage(kc.pid().context("running")?);
+        let pid = kc.pid().context("running")?;
+        let (c, r) = usage(pid);
+        if c > max(&cpu) {
+            threads = thread_cpu(pid);
+            let live: f64 = threads.values().sum();
+            threads.insert("(threads that ended)".into(), (c - live).max(0.0));
+        }
         cpu.push(c);
         rss.push(r);
         received.push(metric(kc, "kubecast_apiserver_received_bytes_total").await / 1e6);
@@ -157,7 +182,7 @@ async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, 
     for kc in &mut kcs {
         kc.stop();
     }
-    Ok(Figures { snapshot, changes, cpu, rss, received, skipped: skip })
+    Ok(Figures { snapshot, changes, cpu, rss, received, skipped: skip, threads })
 }
 
 fn max(v: &[f64]) -> f64 {
@@ -235,6 +260,10 @@ fn main() -> Result<()> {
                 f.received.iter().sum::<f64>(),
                 f.skipped
             );
+            let mut kinds: Vec<(&String, &f64)> = f.threads.iter().filter(|(_, c)| **c >= 0.005).collect();
+            kinds.sort_by(|a, b| b.1.total_cmp(a.1));
+            let kinds: Vec<String> = kinds.iter().map(|(name, c)| format!("{name} {c:.2}")).collect();
+            println!("{:>17} CPU s by thread (the busiest replica): {}", "", kinds.join(", "));
         }
         Ok(())
     })
