@@ -323,3 +323,84 @@ async fn a_missing_lease_namespace_is_named_and_then_taken() {
         .await;
     drop(later);
 }
+
+/// A client for the test apiserver that counts its requests by method.
+async fn counting_client() -> (kube::Client, Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>) {
+    let counts = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+    let kc = kube::config::Kubeconfig::read_from(common::kubeconfig()).expect("read kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await.expect("kubeconfig");
+    let seen = counts.clone();
+    let count = tower::util::MapRequestLayer::new(move |req: http::Request<kube::client::Body>| {
+        *seen.lock().unwrap().entry(req.method().to_string()).or_insert(0) += 1;
+        req
+    });
+    let client = kube::client::ClientBuilder::try_from(cfg).expect("client").with_layer(&count).build();
+    (client, counts)
+}
+
+/// A holder renews its Lease, and a replica its member Lease, with one request each (no read
+/// first); a Lease written by another holder meanwhile is never written over (the renewal is
+/// conditional on the holder's own last write), and a Lease deleted meanwhile is made again.
+#[tokio::test]
+async fn a_holder_renews_in_one_request_and_never_over_another_holders_write() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kubecast::coordination::lease::{Attempt, CoordinationConfig, Elector};
+    use kubecast::coordination::members::Members;
+
+    let admin = client().await;
+    let ns = TestNamespace::new(&admin, "lease-renew").await;
+    let (counted, counts) = counting_client().await;
+    let cfg = CoordinationConfig {
+        enabled: true,
+        lease_name: "renew".into(),
+        lease_namespace: Some(ns.name.clone()),
+        identity: Some("holder-a".into()),
+        lease_duration_seconds: 4,
+        renew_deadline_seconds: 3,
+        retry_period_seconds: 1,
+        shards: 2,
+        ..Default::default()
+    };
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns.name);
+    let renew_time = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone()).expect("renewTime").0;
+    let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone()).unwrap_or_default();
+
+    let mut a = Elector::new(counted.clone(), &cfg);
+    assert_eq!(a.try_acquire_or_renew().await.expect("taken"), Attempt::Held { epoch: 0 });
+    let mut last = renew_time(&leases.get("renew").await.unwrap());
+    counts.lock().unwrap().clear();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(a.try_acquire_or_renew().await.expect("renewed"), Attempt::Held { epoch: 0 });
+        let now = renew_time(&leases.get("renew").await.unwrap());
+        assert!(now > last, "renewTime moved on");
+        last = now;
+    }
+    assert_eq!(counts.lock().unwrap().clone(), [("PUT".to_string(), 3)].into(), "one write per renewal, no read");
+
+    // Another process took the Lease over (as after an expiry): the holder's conditional write
+    // fails, it reads the Lease and sees the other holder; the Lease stays the other's.
+    let patch = json!({"spec": {"holderIdentity": "holder-b", "leaseTransitions": 1}});
+    leases.patch("renew", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    assert_eq!(a.try_acquire_or_renew().await.expect("attempt"), Attempt::Other { holder: "holder-b".into() });
+    let lease = leases.get("renew").await.unwrap();
+    assert_eq!((holder(&lease), lease.spec.unwrap().lease_transitions), ("holder-b".into(), Some(1)));
+
+    // A Lease deleted under its holder is made again by its next renewal.
+    let mut c = Elector::new(counted.clone(), &CoordinationConfig { lease_name: "again".into(), ..cfg.clone() });
+    assert_eq!(c.try_acquire_or_renew().await.expect("taken"), Attempt::Held { epoch: 0 });
+    leases.delete("again", &Default::default()).await.unwrap();
+    assert_eq!(c.try_acquire_or_renew().await.expect("made again"), Attempt::Held { epoch: 0 });
+    assert_eq!(holder(&leases.get("again").await.unwrap()), c.identity());
+
+    // A replica's member Lease: created once, then one write per heartbeat.
+    let mut members = Members::new(counted.clone(), &cfg, cfg.identity());
+    members.heartbeat().await.expect("member lease created");
+    counts.lock().unwrap().clear();
+    for _ in 0..3 {
+        members.heartbeat().await.expect("member lease renewed");
+    }
+    assert_eq!(counts.lock().unwrap().clone(), [("PUT".to_string(), 3)].into(), "one write per heartbeat, no read");
+    let group = members.list().await.expect("the group");
+    assert!(group.members.contains(&cfg.identity()), "the renewed member is live: {:?}", group.members);
+}

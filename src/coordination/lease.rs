@@ -260,6 +260,9 @@ pub struct Elector {
     shard: Option<Shard>,
     /// The epoch a Lease this process creates starts at (see [`EpochFloor`]); `None`: 0.
     floor: Option<EpochFloor>,
+    /// The Lease as this process last wrote it while holding it: the next renewal writes it
+    /// again without reading it first (see [`Self::try_acquire_or_renew`]).
+    written: Option<Lease>,
 }
 
 /// The epoch a Lease made anew starts at: one above every epoch in the state store. A Lease
@@ -285,6 +288,7 @@ impl Elector {
             labels: Default::default(),
             shard: None,
             floor: None,
+            written: None,
         }
     }
 
@@ -350,9 +354,29 @@ impl Elector {
     }
 
     /// Takes or renews the Lease if this process may. A lost race (409) is `Other`.
+    ///
+    /// A holder renews with one request: it writes the Lease as it last wrote it, with a new
+    /// renew time, conditional on the resourceVersion of that write (as client-go's elector
+    /// does since Kubernetes 1.28). Any other write since (another process took the Lease
+    /// over, or deleted it) makes that write fail (409, 404), and the attempt goes on as
+    /// without it: a read, then a write.
     pub async fn try_acquire_or_renew(&mut self) -> Result<Attempt, LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
+        if let Some(mut lease) = self.written.take() {
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.renew_time = Some(now.clone());
+            spec.lease_duration_seconds = Some(seconds);
+            let epoch = spec.lease_transitions.unwrap_or(0);
+            match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+                Ok(written) => {
+                    self.written = Some(written);
+                    return Ok(Attempt::Held { epoch });
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+                Err(e) => return Err(self.error(&e)),
+            }
+        }
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(&e))?;
         let Some(mut lease) = existing else {
             // The read of the store runs on its own (it may take longer than an attempt may):
@@ -389,7 +413,8 @@ impl Elector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => {
+                Ok(created) => {
+                    self.written = Some(created);
                     if start > 0 {
                         tracing::info!(lease = %self.lease(), epoch = start, "created the Lease above the highest epoch in the state store (the Lease was made anew: deleted, renamed or moved)");
                     }
@@ -437,7 +462,10 @@ impl Elector {
         }
         // Conditional on the resourceVersion read: a concurrent writer makes this fail (409).
         match self.api.replace(&self.name, &PostParams::default(), &lease).await {
-            Ok(_) => Ok(Attempt::Held { epoch }),
+            Ok(written) => {
+                self.written = Some(written);
+                Ok(Attempt::Held { epoch })
+            }
             Err(kube::Error::Api(s)) if s.code == 409 && mine => Ok(Attempt::Conflict),
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 Ok(Attempt::Other { holder: holder.unwrap_or_else(|| "(changed meanwhile)".into()) })
@@ -449,6 +477,7 @@ impl Elector {
     /// Gives the Lease up (at a clean stop): a standby takes over at once instead of after
     /// the lease duration.
     pub async fn release(&mut self) {
+        self.written = None;
         let Ok(Some(mut lease)) = self.api.get_opt(&self.name).await else { return };
         let Some(spec) = lease.spec.as_mut() else { return };
         if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {

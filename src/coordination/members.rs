@@ -77,6 +77,8 @@ pub struct Members {
     shards: u32,
     /// Per member Lease: its last (holder, renew time) and when it was first seen so.
     seen: HashMap<String, (Record, Instant)>,
+    /// This replica's member Lease as it last wrote it: renewed without a read first.
+    written: Option<Lease>,
 }
 
 impl Members {
@@ -91,6 +93,7 @@ impl Members {
             duration: Duration::from_secs(cfg.lease_duration_seconds.into()),
             shards: cfg.shards,
             seen: HashMap::new(),
+            written: None,
         }
     }
 
@@ -98,10 +101,26 @@ impl Members {
         LeaseError::from_kube(&self.namespace, &self.name, e)
     }
 
-    /// Renews this replica's member Lease (creates it the first time).
-    pub async fn heartbeat(&self) -> Result<(), LeaseError> {
+    /// Renews this replica's member Lease (creates it the first time). One request once it
+    /// was written: the Lease as last written, with a new renew time, conditional on that
+    /// write's resourceVersion; a read first only when that fails (409, 404: written or
+    /// deleted by someone else) or nothing was written yet.
+    pub async fn heartbeat(&mut self) -> Result<(), LeaseError> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let seconds = i32::try_from(self.duration.as_secs()).unwrap_or(i32::MAX);
+        if let Some(mut lease) = self.written.take() {
+            let spec = lease.spec.get_or_insert_with(Default::default);
+            spec.renew_time = Some(now.clone());
+            spec.lease_duration_seconds = Some(seconds);
+            match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+                Ok(written) => {
+                    self.written = Some(written);
+                    return Ok(());
+                }
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {}
+                Err(e) => return Err(self.error(&e)),
+            }
+        }
         let existing = self.api.get_opt(&self.name).await.map_err(|e| self.error(&e))?;
         let result = match existing {
             None => {
@@ -123,7 +142,7 @@ impl Members {
                         ..Default::default()
                     }),
                 };
-                self.api.create(&PostParams::default(), &lease).await.map(drop)
+                self.api.create(&PostParams::default(), &lease).await
             }
             Some(mut lease) => {
                 // Written by an older kubecast, or before a change of the count.
@@ -136,13 +155,17 @@ impl Members {
                 spec.holder_identity = Some(self.identity.clone());
                 spec.renew_time = Some(now);
                 spec.lease_duration_seconds = Some(seconds);
-                self.api.replace(&self.name, &PostParams::default(), &lease).await.map(drop)
+                self.api.replace(&self.name, &PostParams::default(), &lease).await
             }
         };
         match result {
+            Ok(written) => {
+                self.written = Some(written);
+                Ok(())
+            }
             // Written meanwhile (another attempt of this replica): the next renewal settles it.
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-            other => other.map_err(|e| self.error(&e)),
+            Err(e) => Err(self.error(&e)),
         }
     }
 
