@@ -7,8 +7,13 @@ use serde_json::Value;
 
 /// Every event of the file sink at `path` (none if it does not exist yet), parsed.
 pub fn read_events(path: &Path) -> Vec<Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    // A line not ended yet is being written (a read sees a large write in part): read next time.
+    let complete = match text.rfind('\n') {
+        Some(end) => &text[..=end],
+        None => "",
+    };
+    complete
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("sink line is not JSON ({e}): {l}")))
         .collect()
