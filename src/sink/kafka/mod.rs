@@ -18,6 +18,7 @@ mod limits;
 mod logging;
 pub mod lookup;
 pub(crate) mod off_worker;
+mod polled;
 mod producer;
 pub mod properties;
 mod rejected;

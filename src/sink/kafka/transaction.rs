@@ -51,12 +51,13 @@ use std::time::{Duration, Instant};
 
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 pub use super::limits::{Limits, Uncommitted};
 use super::off_worker::OffWorker;
+use super::polled::PolledProducer;
 pub use crate::model::gate::Gate;
 use crate::observe::metrics::{self, GaugeShare};
 pub use context::TxnContext;
@@ -107,7 +108,7 @@ enum State {
 struct Inner {
     /// Replaced by a new one when the broker aborted a transaction for its age (see
     /// [`Transaction::take_over_again`]).
-    producer: OffWorker<ThreadedProducer<TxnContext>>,
+    producer: OffWorker<PolledProducer<TxnContext>>,
     state: State,
     /// When the first record went into the open transaction (`None`: none yet). The broker's
     /// transaction timeout counts from there: a transaction begun but empty is not known to

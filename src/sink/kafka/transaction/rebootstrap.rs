@@ -23,7 +23,7 @@
 use std::ffi::CString;
 
 use rdkafka::ClientConfig;
-use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, Producer};
 
 use super::context::TxnContext;
 
@@ -49,7 +49,7 @@ pub(super) fn rebootstrap_soon(config: &mut ClientConfig) {
 /// Adds `config`'s `bootstrap.servers` to `producer`'s brokers (one already known as a
 /// bootstrap broker is kept as it is; a broker learned from metadata gets a bootstrap twin,
 /// dropped again at the next metadata): how many it now has of them.
-pub(super) fn add_bootstrap_brokers(producer: &ThreadedProducer<TxnContext>, config: &ClientConfig) -> usize {
+pub(super) fn add_bootstrap_brokers(producer: &BaseProducer<TxnContext>, config: &ClientConfig) -> usize {
     let Some(list) = config.get("bootstrap.servers").and_then(|b| CString::new(b).ok()) else {
         return 0;
     };
@@ -64,6 +64,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::sink::kafka::polled::PolledProducer;
 
     #[test]
     fn the_trigger_is_short_unless_the_operator_set_one() {
@@ -81,8 +82,8 @@ mod tests {
     fn the_bootstrap_servers_are_added_again() {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", "127.0.0.1:1,127.0.0.1:2");
-        let producer: ThreadedProducer<TxnContext> =
-            c.create_with_context(TxnContext::new("t".into(), Arc::default(), Arc::default())).expect("a producer");
+        let producer = PolledProducer::create(&c, TxnContext::new("t".into(), Arc::default(), Arc::default()), "test")
+            .expect("a producer");
         assert_eq!(add_bootstrap_brokers(&producer, &c), 2, "both, already known: kept");
         assert_eq!(add_bootstrap_brokers(&producer, &ClientConfig::new()), 0, "no bootstrap.servers");
     }
@@ -91,8 +92,8 @@ mod tests {
     fn the_statistics_say_whether_a_broker_is_known() {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", "127.0.0.1:1").set("statistics.interval.ms", "100");
-        let producer: ThreadedProducer<TxnContext> =
-            c.create_with_context(TxnContext::new("t".into(), Arc::default(), Arc::default())).expect("a producer");
+        let producer = PolledProducer::create(&c, TxnContext::new("t".into(), Arc::default(), Arc::default()), "test")
+            .expect("a producer");
         producer.context().knows_a_broker.store(false, std::sync::atomic::Ordering::Relaxed);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while !producer.context().knows_a_broker() {

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, KafkaResult, RDKafkaErrorCode};
 use rdkafka::message::{Headers, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, ThreadedProducer};
+use rdkafka::producer::{BaseProducer, BaseRecord};
 
 use super::context::TxnContext;
 
@@ -53,12 +53,12 @@ pub(super) fn base_record(r: &Record) -> BaseRecord<'_, str, [u8]> {
     br
 }
 
-pub(super) fn produce(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
+pub(super) fn produce(producer: &BaseProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
     producer.send(base_record(r)).map_err(|(e, _)| e)
 }
 
 /// [`produce`], waiting (up to [`QUEUE_WAIT`]) while librdkafka's queue is full.
-pub(super) fn produce_blocking(producer: &ThreadedProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
+pub(super) fn produce_blocking(producer: &BaseProducer<TxnContext>, r: &Record) -> KafkaResult<()> {
     let deadline = Instant::now() + QUEUE_WAIT;
     loop {
         match produce(producer, r) {

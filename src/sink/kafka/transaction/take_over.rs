@@ -11,7 +11,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use rdkafka::ClientConfig;
-use rdkafka::producer::{Producer, ThreadedProducer};
+use rdkafka::producer::Producer;
+
+use crate::sink::kafka::polled::PolledProducer;
 
 use std::time::Duration;
 
@@ -76,13 +78,13 @@ pub(super) fn new_producer(
     what: &str,
     connected: &Arc<AtomicBool>,
     poison: &Arc<Mutex<Option<super::context::Rejected>>>,
-) -> Result<ThreadedProducer<TxnContext>, TxnError> {
-    let producer: ThreadedProducer<TxnContext> = config
-        .create_with_context(TxnContext::new(
-            config.get("transactional.id").unwrap_or_default().to_string(),
-            connected.clone(),
-            poison.clone(),
-        ))
+) -> Result<PolledProducer<TxnContext>, TxnError> {
+    let context = TxnContext::new(
+        config.get("transactional.id").unwrap_or_default().to_string(),
+        connected.clone(),
+        poison.clone(),
+    );
+    let producer = PolledProducer::create(config, context, "kafka-txn-reports")
         .map_err(|e| TxnError::Retriable(format!("{what}: {}", describe(&e))))?;
     producer.init_transactions(INIT_TIMEOUT).map_err(|e| classify(what, &e))?;
     Ok(producer)
