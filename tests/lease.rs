@@ -359,7 +359,6 @@ async fn a_holder_renews_in_one_request_and_never_over_another_holders_write() {
         renew_deadline_seconds: 3,
         retry_period_seconds: 1,
         shards: 2,
-        ..Default::default()
     };
     let leases: Api<Lease> = Api::namespaced(admin.clone(), &ns.name);
     let renew_time = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone()).expect("renewTime").0;

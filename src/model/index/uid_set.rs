@@ -119,7 +119,7 @@ mod tests {
             probes in proptest::collection::vec(0u16..400, 0..100),
         ) {
             // Half of the numbers as UUIDs, the other half as other text.
-            let uid = |n: u16| if n % 2 == 0 { format!("00000000-0000-0000-0000-{n:012x}") } else { format!("uid-{n}") };
+            let uid = |n: u16| if n.is_multiple_of(2) { format!("00000000-0000-0000-0000-{n:012x}") } else { format!("uid-{n}") };
             let mut list = UidList::new();
             let mut model = std::collections::HashSet::new();
             for &n in &inserted {
