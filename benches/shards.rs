@@ -6,6 +6,7 @@
 //! cargo bench --bench shards                          # 3000 ConfigMaps; 1, 2 and 4 shards
 //! cargo bench --bench shards -- --objects 10000 --shards 1,2,4,8
 //! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on
+//! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on --rate 200
 //! ```
 //!
 //! For each row, R replicas of `[coordination] shards = S` (S = 1: one replica, one Lease)
@@ -37,13 +38,27 @@ fn arg(flag: &str) -> Option<String> {
     args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1).cloned())
 }
 
-/// Runs `f` on 64 of `0..n` at a time.
-async fn each<F, Fut>(n: usize, f: F) -> Result<()>
+/// Runs `f` on 64 of `0..n` at a time; with `rate`, starts the i-th no sooner than i / rate
+/// seconds after the first.
+async fn each<F, Fut>(n: usize, rate: Option<f64>, f: F) -> Result<()>
 where
     F: Fn(usize) -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
-    futures::stream::iter(0..n).map(f).buffer_unordered(64).collect::<Vec<_>>().await.into_iter().collect()
+    let start = tokio::time::Instant::now();
+    futures::stream::iter(0..n)
+        .then(|i| async move {
+            if let Some(rate) = rate {
+                tokio::time::sleep_until(start + Duration::from_secs_f64(i as f64 / rate)).await;
+            }
+            i
+        })
+        .map(f)
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
 }
 
 /// Subjects of the events of `verb` the replicas wrote, all together.
@@ -105,6 +120,8 @@ struct Figures {
     snapshot: Duration,
     changes: Duration,
     cpu: Vec<f64>,
+    /// CPU seconds per replica from the first patch until every change was written.
+    cpu_changes: Vec<f64>,
     rss: Vec<f64>,
     /// MB received from the apiserver, per replica.
     received: Vec<f64>,
@@ -119,11 +136,18 @@ struct Target<'a> {
     kubeconfig: Option<String>,
 }
 
-async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, replicas: u32) -> Result<Figures> {
+async fn run(
+    target: &Target<'_>,
+    client: &kube::Client,
+    n: usize,
+    rate: Option<f64>,
+    shards: u32,
+    replicas: u32,
+) -> Result<Figures> {
     let env = target.env;
     let ns = TestNamespace::new(client, "bench-shards").await;
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
-    each(n, |i| {
+    each(n, None, |i| {
         let api = api.clone();
         async move {
             let cm: ConfigMap =
@@ -152,8 +176,9 @@ async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, 
     let mut kcs: Vec<Kubecast> =
         (0..replicas).map(|_| Kubecast::start_with_checkpoint(&config, &checkpoint, &vars)).collect();
     let snapshot = until(&kcs, "added", n, "the snapshot").await?;
+    let synced: Vec<f64> = kcs.iter().map(|k| k.pid().map_or(0.0, |pid| usage(pid).0)).collect();
     let patched = Instant::now();
-    each(n, |i| {
+    each(n, rate, |i| {
         let api = api.clone();
         async move {
             let patch = json!({"data": {"v": "1"}});
@@ -165,10 +190,12 @@ async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, 
     until(&kcs, "modified", n, "the changes").await?;
     let changes = patched.elapsed();
     let (mut cpu, mut rss, mut received, mut skip) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
+    let mut cpu_changes = Vec::new();
     let mut threads = BTreeMap::new();
-    for kc in &mut kcs {
+    for (kc, synced) in kcs.iter_mut().zip(synced) {
         let pid = kc.pid().context("running")?;
         let (c, r) = usage(pid);
+        cpu_changes.push(c - synced);
         if c > max(&cpu) {
             threads = thread_cpu(pid);
             let live: f64 = threads.values().sum();
@@ -182,7 +209,7 @@ async fn run(target: &Target<'_>, client: &kube::Client, n: usize, shards: u32, 
     for kc in &mut kcs {
         kc.stop();
     }
-    Ok(Figures { snapshot, changes, cpu, rss, received, skipped: skip, threads })
+    Ok(Figures { snapshot, changes, cpu, cpu_changes, rss, received, skipped: skip, threads })
 }
 
 fn max(v: &[f64]) -> f64 {
@@ -210,6 +237,7 @@ fn main() -> Result<()> {
         };
         let target = Target { env: &env, kubeconfig };
         let n: usize = arg("--objects").map(|s| s.parse()).transpose()?.unwrap_or(3000);
+        let rate: Option<f64> = arg("--rate").map(|s| s.parse()).transpose().context("--rate: changes per second")?;
         let list = |flag: &str| -> Result<Option<Vec<u32>>> {
             arg(flag).map(|l| l.split(',').map(|s| s.trim().parse().context(flag.to_string())).collect()).transpose()
         };
@@ -226,35 +254,38 @@ fn main() -> Result<()> {
         let model =
             cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|m| m.trim_start_matches([' ', '\t', ':']));
         println!(
-            "shards: {n} ConfigMaps, the apiserver's ShardedListAndWatch gate {}; kubecast {} on {cores} cores ({}); {}",
+            "shards: {n} ConfigMaps, changes {}, the apiserver's ShardedListAndWatch gate {}; kubecast {} on {cores} cores ({}); {}",
+            rate.map_or("64 at a time".to_string(), |r| format!("at {r} per second")),
             if gate { "on" } else { "off" },
             env!("CARGO_PKG_VERSION"),
             model.unwrap_or("?"),
             chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
         );
         println!(
-            "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>11} {:>12} {:>12} {:>10}",
+            "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>12} {:>12} {:>10}",
             "shards",
             "replicas",
             "snapshot",
             "changes",
             "CPU s max",
             "CPU s sum",
+            "changes max",
             "RSS MB max",
             "recv MB max",
             "recv MB sum",
             "skipped"
         );
         for &(s, r) in &rows {
-            let f = run(&target, &client, n, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
+            let f = run(&target, &client, n, rate, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
             println!(
-                "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>11.1} {:>12.2} {:>12.2} {:>10.0}",
+                "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>12.2} {:>11.1} {:>12.2} {:>12.2} {:>10.0}",
                 s,
                 r,
                 f.snapshot,
                 f.changes,
                 max(&f.cpu),
                 f.cpu.iter().sum::<f64>(),
+                max(&f.cpu_changes),
                 max(&f.rss),
                 max(&f.received),
                 f.received.iter().sum::<f64>(),
