@@ -12,9 +12,11 @@
 //! For each row, R replicas of `[coordination] shards = S` (S = 1: one replica, one Lease)
 //! start on a namespace of N ConfigMaps; measured are the time from their start until every
 //! object's snapshot event was written (by all replicas together: the shards' spreading
-//! included), then the time from the first of N patches (64 at a time) until the change of
-//! every object was written, each replica's CPU seconds and peak RSS, the bytes each received
-//! from the apiserver (`kubecast_apiserver_received_bytes_total`), and the objects of other
+//! included), then the time from the first of N patches (64 at a time, or `--rate` per second:
+//! every row then takes the same time, whatever the replicas cost the shared cores) until the
+//! change of every object was written, each replica's CPU seconds (in all, and while the
+//! changes came), peak RSS, events written and the bytes it received from the apiserver
+//! (`kubecast_apiserver_received_bytes_total`), and the objects of other
 //! shards the replicas skipped (the apiserver did not apply the shard selector: the gate off)
 //! or 0 (it did). `--gate on` runs on `tests/env/sharded` (the gate on), the default on
 //! `tests/env/up` (off).
@@ -125,6 +127,8 @@ struct Figures {
     rss: Vec<f64>,
     /// MB received from the apiserver, per replica.
     received: Vec<f64>,
+    /// Events each replica wrote (its shards' snapshot and changes).
+    events: Vec<usize>,
     skipped: f64,
     /// CPU seconds per kind of thread of the replica that used the most CPU.
     threads: BTreeMap<String, f64>,
@@ -191,6 +195,7 @@ async fn run(
     let changes = patched.elapsed();
     let (mut cpu, mut rss, mut received, mut skip) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
     let mut cpu_changes = Vec::new();
+    let events: Vec<usize> = kcs.iter().map(|k| k.events().len()).collect();
     let mut threads = BTreeMap::new();
     for (kc, synced) in kcs.iter_mut().zip(synced) {
         let pid = kc.pid().context("running")?;
@@ -209,7 +214,7 @@ async fn run(
     for kc in &mut kcs {
         kc.stop();
     }
-    Ok(Figures { snapshot, changes, cpu, cpu_changes, rss, received, skipped: skip, threads })
+    Ok(Figures { snapshot, changes, cpu, cpu_changes, rss, received, events, skipped: skip, threads })
 }
 
 fn max(v: &[f64]) -> f64 {
@@ -262,7 +267,7 @@ fn main() -> Result<()> {
             chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
         );
         println!(
-            "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>12} {:>12} {:>10}",
+            "{:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>11} {:>12} {:>12} {:>11} {:>10}",
             "shards",
             "replicas",
             "snapshot",
@@ -273,12 +278,13 @@ fn main() -> Result<()> {
             "RSS MB max",
             "recv MB max",
             "recv MB sum",
+            "events max",
             "skipped"
         );
         for &(s, r) in &rows {
             let f = run(&target, &client, n, rate, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
             println!(
-                "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>12.2} {:>11.1} {:>12.2} {:>12.2} {:>10.0}",
+                "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>12.2} {:>11.1} {:>12.2} {:>12.2} {:>11} {:>10.0}",
                 s,
                 r,
                 f.snapshot,
@@ -289,6 +295,7 @@ fn main() -> Result<()> {
                 max(&f.rss),
                 max(&f.received),
                 f.received.iter().sum::<f64>(),
+                f.events.iter().max().copied().unwrap_or(0),
                 f.skipped
             );
             let mut kinds: Vec<(&String, &f64)> = f.threads.iter().filter(|(_, c)| **c >= 0.005).collect();
