@@ -16,7 +16,8 @@
 //! every row then takes the same time, whatever the replicas cost the shared cores) until the
 //! change of every object was written, each replica's CPU seconds (in all, and while the
 //! changes came), peak RSS, events written and the bytes it received from the apiserver
-//! (`kubecast_apiserver_received_bytes_total`), and the objects of other
+//! (`kubecast_apiserver_received_bytes_total`; the requests of the replica that received most,
+//! `kubecast_apiserver_requests_total`), and the objects of other
 //! shards the replicas skipped (the apiserver did not apply the shard selector: the gate off)
 //! or 0 (it did). `--gate on` runs on `tests/env/sharded` (the gate on), the default on
 //! `tests/env/up` (off).
@@ -132,6 +133,8 @@ struct Figures {
     skipped: f64,
     /// CPU seconds per kind of thread of the replica that used the most CPU.
     threads: BTreeMap<String, f64>,
+    /// The requests of the replica that received the most, as `verb resource count`.
+    requests: Vec<String>,
 }
 
 /// Where the replicas run: the apiserver's kubeconfig (`None`: the environment's default).
@@ -197,6 +200,7 @@ async fn run(
     let mut cpu_changes = Vec::new();
     let events: Vec<usize> = kcs.iter().map(|k| k.events().len()).collect();
     let mut threads = BTreeMap::new();
+    let mut requests = Vec::new();
     for (kc, synced) in kcs.iter_mut().zip(synced) {
         let pid = kc.pid().context("running")?;
         let (c, r) = usage(pid);
@@ -208,13 +212,26 @@ async fn run(
         }
         cpu.push(c);
         rss.push(r);
-        received.push(metric(kc, "kubecast_apiserver_received_bytes_total").await / 1e6);
+        let got = metric(kc, "kubecast_apiserver_received_bytes_total").await / 1e6;
+        if got > max(&received) {
+            let (_, metrics) = kc.admin_get("/metrics").await;
+            requests = metrics
+                .lines()
+                .filter_map(|l| l.strip_prefix("kubecast_apiserver_requests_total{"))
+                .filter_map(|l| {
+                    let (labels, count) = l.rsplit_once(' ')?;
+                    let label = |k: &str| labels.split(k).nth(1)?.split('"').nth(1).map(str::to_string);
+                    Some(format!("{} {} {count}", label("verb=")?, label("resource=").unwrap_or_default()))
+                })
+                .collect();
+        }
+        received.push(got);
         skip += metric(kc, "kubecast_shard_skipped_total{").await;
     }
     for kc in &mut kcs {
         kc.stop();
     }
-    Ok(Figures { snapshot, changes, cpu, cpu_changes, rss, received, events, skipped: skip, threads })
+    Ok(Figures { snapshot, changes, cpu, cpu_changes, rss, received, events, skipped: skip, threads, requests })
 }
 
 fn max(v: &[f64]) -> f64 {
@@ -302,6 +319,7 @@ fn main() -> Result<()> {
             kinds.sort_by(|a, b| b.1.total_cmp(a.1));
             let kinds: Vec<String> = kinds.iter().map(|(name, c)| format!("{name} {c:.2}")).collect();
             println!("{:>17} CPU s by thread (the busiest replica): {}", "", kinds.join(", "));
+            println!("{:>17} requests to the apiserver (the replica that received most): {}", "", f.requests.join(", "));
         }
         Ok(())
     })
