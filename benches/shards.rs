@@ -7,10 +7,13 @@
 //! cargo bench --bench shards -- --objects 10000 --shards 1,2,4,8
 //! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on
 //! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on --rate 200
+//! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on --rate 200 --rounds 3
+//! cargo bench --bench shards -- --shards 4 --replicas 1,2,4 --gate on --retry-period 1
 //! ```
 //!
-//! For each row, R replicas of `[coordination] shards = S` (S = 1: one replica, one Lease)
-//! start on a namespace of N ConfigMaps; measured are the time from their start until every
+//! For each row, R replicas of `[coordination] shards = S` (S = 1: one replica, one Lease;
+//! kubecast's default Lease timings, or with `--retry-period S` 4S / 2S / S seconds) start
+//! on a namespace of N ConfigMaps; measured are the time from their start until every
 //! object's snapshot event was written (by all replicas together: the shards' spreading
 //! included), then the time from the first of N patches (64 at a time, or `--rate` per second:
 //! every row then takes the same time, whatever the replicas cost the shared cores) until the
@@ -21,6 +24,11 @@
 //! shards the replicas skipped (the apiserver did not apply the shard selector: the gate off)
 //! or 0 (it did). `--gate on` runs on `tests/env/sharded` (the gate on), the default on
 //! `tests/env/up` (off).
+//!
+//! With `--rounds N` the rows run N times in turn (1, 2, 4, 1, 2, 4, ...), and a summary
+//! gives per row the medians of the busiest replica's CPU and of the most a replica received,
+//! as ratios to the first row, beside the goal of 1.15 / R (two cores shared with the
+//! apiserver, etcd and Kafka make one run differ from the next by up to a quarter).
 //!
 //! Figures are printed, never asserted. Servers: `tests/env/up` (started if needed and left
 //! running; with `KUBECAST_ENV_FILE` set, that environment as it is), and with `--gate on`
@@ -141,6 +149,9 @@ struct Figures {
 struct Target<'a> {
     env: &'a kubecast_kit::Env,
     kubeconfig: Option<String>,
+    /// `--retry-period S`: Lease timings of 4S / 2S / S seconds; `None`: kubecast's defaults
+    /// (15 / 10 / 2), what a deployment runs.
+    retry_period: Option<u32>,
 }
 
 async fn run(
@@ -164,10 +175,13 @@ async fn run(
         }
     })
     .await?;
+    let timings = target.retry_period.map_or(String::new(), |p| {
+        format!("lease_duration_seconds = {}\nrenew_deadline_seconds = {}\nretry_period_seconds = {p}\n", 4 * p, 2 * p)
+    });
     let config = kubecast_kit::cm_config(
         &ns.name,
         &format!(
-            "[coordination]\nenabled = true\nlease_name = \"bench\"\nlease_namespace = \"{}\"\nshards = {shards}\nlease_duration_seconds = 4\nrenew_deadline_seconds = 2\nretry_period_seconds = 1\n",
+            "[coordination]\nenabled = true\nlease_name = \"bench\"\nlease_namespace = \"{}\"\nshards = {shards}\n{timings}",
             ns.name
         ),
     );
@@ -257,9 +271,14 @@ fn main() -> Result<()> {
         } else {
             (kubecast_kit::client().await, None)
         };
-        let target = Target { env: &env, kubeconfig };
+        let retry_period: Option<u32> =
+            arg("--retry-period").map(|s| s.parse()).transpose().context("--retry-period: seconds, at least 1")?;
+        anyhow::ensure!(retry_period != Some(0), "--retry-period: seconds, at least 1");
+        let target = Target { env: &env, kubeconfig, retry_period };
         let n: usize = arg("--objects").map(|s| s.parse()).transpose()?.unwrap_or(3000);
         let rate: Option<f64> = arg("--rate").map(|s| s.parse()).transpose().context("--rate: changes per second")?;
+        let rounds: usize = arg("--rounds").map(|s| s.parse()).transpose().context("--rounds: a count")?.unwrap_or(1);
+        anyhow::ensure!(rounds >= 1, "--rounds: at least 1");
         let list = |flag: &str| -> Result<Option<Vec<u32>>> {
             arg(flag).map(|l| l.split(',').map(|s| s.trim().parse().context(flag.to_string())).collect()).transpose()
         };
@@ -276,9 +295,10 @@ fn main() -> Result<()> {
         let model =
             cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|m| m.trim_start_matches([' ', '\t', ':']));
         println!(
-            "shards: {n} ConfigMaps, changes {}, the apiserver's ShardedListAndWatch gate {}; kubecast {} on {cores} cores ({}); {}",
+            "shards: {n} ConfigMaps, changes {}, the apiserver's ShardedListAndWatch gate {}, Lease retry period {}; kubecast {} on {cores} cores ({}); {}",
             rate.map_or("64 at a time".to_string(), |r| format!("at {r} per second")),
             if gate { "on" } else { "off" },
+            target.retry_period.map_or("2 s (the default)".to_string(), |p| format!("{p} s")),
             env!("CARGO_PKG_VERSION"),
             model.unwrap_or("?"),
             chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
@@ -298,8 +318,16 @@ fn main() -> Result<()> {
             "events max",
             "skipped"
         );
-        for &(s, r) in &rows {
+        // Per row, per round: the busiest replica's CPU in all and while the changes came, and
+        // the most a replica received.
+        let mut kept: Vec<Vec<[f64; 3]>> = vec![Vec::new(); rows.len()];
+        for round in 1..=rounds {
+            if rounds > 1 {
+                println!("round {round} of {rounds}");
+            }
+            for (row, &(s, r)) in rows.iter().enumerate() {
             let f = run(&target, &client, n, rate, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
+            kept[row].push([max(&f.cpu), max(&f.cpu_changes), max(&f.received)]);
             println!(
                 "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>12.2} {:>11.1} {:>12.2} {:>12.2} {:>11} {:>10.0}",
                 s,
@@ -320,7 +348,53 @@ fn main() -> Result<()> {
             let kinds: Vec<String> = kinds.iter().map(|(name, c)| format!("{name} {c:.2}")).collect();
             println!("{:>17} CPU s by thread (the busiest replica): {}", "", kinds.join(", "));
             println!("{:>17} requests to the apiserver (the replica that received most): {}", "", f.requests.join(", "));
+            }
         }
+        summary(&rows, &kept);
         Ok(())
     })
+}
+
+/// Per row, the median over the rounds of the busiest replica's CPU (in all, and while the
+/// changes came) and of the most a replica received, each as a ratio to the first row's
+/// median, beside the goal of 1.15 / R relative to the first row's replicas (R = 2: 0.58x).
+/// With several rounds, the spread of the per-round ratios (each round's row against the
+/// same round's first row) is printed too: the rows of a round ran minutes apart, the
+/// rounds longer.
+fn summary(rows: &[(u32, u32)], kept: &[Vec<[f64; 3]>]) {
+    let Some(&(_, r0)) = rows.first() else { return };
+    let median = |row: &[[f64; 3]], k: usize| {
+        let mut v: Vec<f64> = row.iter().map(|f| f[k]).collect();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            0.0
+        } else if v.len() % 2 == 1 {
+            v[v.len() / 2]
+        } else {
+            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
+        }
+    };
+    let rounds = kept[0].len();
+    println!(
+        "medians of {rounds} round(s), ratio to the first row (per-round ratios: lowest-highest); goal per replica <= 1.15 x first-row replicas / R"
+    );
+    println!(
+        "{:>6} {:>8} {:>22} {:>26} {:>22} {:>6}",
+        "shards", "replicas", "CPU s in all", "CPU s while the changes came", "received MB", "goal"
+    );
+    for (row, &(s, r)) in rows.iter().enumerate() {
+        let mut cells = Vec::new();
+        for k in 0..3 {
+            let m = median(&kept[row], k);
+            let base = median(&kept[0], k);
+            let ratios: Vec<f64> =
+                kept[row].iter().zip(&kept[0]).filter(|(_, b)| b[k] > 0.0).map(|(f, b)| f[k] / b[k]).collect();
+            let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = ratios.iter().copied().fold(0.0, f64::max);
+            let spread = if rounds > 1 { format!(" {lo:.2}-{hi:.2}") } else { String::new() };
+            cells.push(format!("{m:.2} ({:.2}x{spread})", if base > 0.0 { m / base } else { 0.0 }));
+        }
+        let goal = 1.15 * f64::from(r0) / f64::from(r);
+        println!("{s:>6} {r:>8} {:>22} {:>26} {:>22} {:>5.2}x", cells[0], cells[1], cells[2], goal);
+    }
 }
