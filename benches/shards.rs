@@ -379,7 +379,7 @@ fn summary(rows: &[(u32, u32)], kept: &[Vec<[f64; 3]>]) {
         "medians of {rounds} round(s), ratio to the first row (per-round ratios: lowest-highest); goal per replica <= 1.15 x first-row replicas / R"
     );
     println!(
-        "{:>6} {:>8} {:>22} {:>26} {:>22} {:>6}",
+        "{:>6} {:>8} {:>24} {:>30} {:>24} {:>6}",
         "shards", "replicas", "CPU s in all", "CPU s while the changes came", "received MB", "goal"
     );
     for (row, &(s, r)) in rows.iter().enumerate() {
@@ -395,6 +395,6 @@ fn summary(rows: &[(u32, u32)], kept: &[Vec<[f64; 3]>]) {
             cells.push(format!("{m:.2} ({:.2}x{spread})", if base > 0.0 { m / base } else { 0.0 }));
         }
         let goal = 1.15 * f64::from(r0) / f64::from(r);
-        println!("{s:>6} {r:>8} {:>22} {:>26} {:>22} {:>5.2}x", cells[0], cells[1], cells[2], goal);
+        println!("{s:>6} {r:>8} {:>24} {:>30} {:>24} {:>5.2}x", cells[0], cells[1], cells[2], goal);
     }
 }
