@@ -326,28 +326,28 @@ fn main() -> Result<()> {
                 println!("round {round} of {rounds}");
             }
             for (row, &(s, r)) in rows.iter().enumerate() {
-            let f = run(&target, &client, n, rate, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
-            kept[row].push([max(&f.cpu), max(&f.cpu_changes), max(&f.received)]);
-            println!(
-                "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>12.2} {:>11.1} {:>12.2} {:>12.2} {:>11} {:>10.0}",
-                s,
-                r,
-                f.snapshot,
-                f.changes,
-                max(&f.cpu),
-                f.cpu.iter().sum::<f64>(),
-                max(&f.cpu_changes),
-                max(&f.rss),
-                max(&f.received),
-                f.received.iter().sum::<f64>(),
-                f.events.iter().max().copied().unwrap_or(0),
-                f.skipped
-            );
-            let mut kinds: Vec<(&String, &f64)> = f.threads.iter().filter(|(_, c)| **c >= 0.005).collect();
-            kinds.sort_by(|a, b| b.1.total_cmp(a.1));
-            let kinds: Vec<String> = kinds.iter().map(|(name, c)| format!("{name} {c:.2}")).collect();
-            println!("{:>17} CPU s by thread (the busiest replica): {}", "", kinds.join(", "));
-            println!("{:>17} requests to the apiserver (the replica that received most): {}", "", f.requests.join(", "));
+                let f = run(&target, &client, n, rate, s, r).await.with_context(|| format!("{s} shards, {r} replicas"))?;
+                kept[row].push([max(&f.cpu), max(&f.cpu_changes), max(&f.received)]);
+                println!(
+                    "{:>6} {:>8} {:>10.2?} {:>10.2?} {:>10.2} {:>10.2} {:>12.2} {:>11.1} {:>12.2} {:>12.2} {:>11} {:>10.0}",
+                    s,
+                    r,
+                    f.snapshot,
+                    f.changes,
+                    max(&f.cpu),
+                    f.cpu.iter().sum::<f64>(),
+                    max(&f.cpu_changes),
+                    max(&f.rss),
+                    max(&f.received),
+                    f.received.iter().sum::<f64>(),
+                    f.events.iter().max().copied().unwrap_or(0),
+                    f.skipped
+                );
+                let mut kinds: Vec<(&String, &f64)> = f.threads.iter().filter(|(_, c)| **c >= 0.005).collect();
+                kinds.sort_by(|a, b| b.1.total_cmp(a.1));
+                let kinds: Vec<String> = kinds.iter().map(|(name, c)| format!("{name} {c:.2}")).collect();
+                println!("{:>17} CPU s by thread (the busiest replica): {}", "", kinds.join(", "));
+                println!("{:>17} requests to the apiserver (the replica that received most): {}", "", f.requests.join(", "));
             }
         }
         summary(&rows, &kept);
