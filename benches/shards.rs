@@ -149,8 +149,8 @@ struct Figures {
 struct Target<'a> {
     env: &'a kubecast_kit::Env,
     kubeconfig: Option<String>,
-    /// `--retry-period S`: Lease timings of 4S / 2S / S seconds; `None`: kubecast's defaults
-    /// (15 / 10 / 2), what a deployment runs.
+    /// `--retry-period S`: Lease timings of 4S / 2S / S seconds; `None`: kubecast's defaults,
+    /// what a deployment runs.
     retry_period: Option<u32>,
 }
 
@@ -298,7 +298,10 @@ fn main() -> Result<()> {
             "shards: {n} ConfigMaps, changes {}, the apiserver's ShardedListAndWatch gate {}, Lease retry period {}; kubecast {} on {cores} cores ({}); {}",
             rate.map_or("64 at a time".to_string(), |r| format!("at {r} per second")),
             if gate { "on" } else { "off" },
-            target.retry_period.map_or("2 s (the default)".to_string(), |p| format!("{p} s")),
+            target.retry_period.map_or_else(
+                || format!("{} s (the default)", kubecast::coordination::lease::CoordinationConfig::default().retry_period_seconds),
+                |p| format!("{p} s")
+            ),
             env!("CARGO_PKG_VERSION"),
             model.unwrap_or("?"),
             chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
@@ -363,16 +366,12 @@ fn main() -> Result<()> {
 /// rounds longer.
 fn summary(rows: &[(u32, u32)], kept: &[Vec<[f64; 3]>]) {
     let Some(&(_, r0)) = rows.first() else { return };
+    // Every row has one figure per round, and there is at least one round.
     let median = |row: &[[f64; 3]], k: usize| {
         let mut v: Vec<f64> = row.iter().map(|f| f[k]).collect();
         v.sort_by(f64::total_cmp);
-        if v.is_empty() {
-            0.0
-        } else if v.len() % 2 == 1 {
-            v[v.len() / 2]
-        } else {
-            (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2.0
-        }
+        let mid = v.len() / 2;
+        if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
     };
     let rounds = kept[0].len();
     println!(
